@@ -1,0 +1,161 @@
+// Prefill kernel timings on the GPU (CUDA events, manual time): the weight GEMMs at the Qwen2.5
+// 7B/14B layer shapes and causal flash attention at several depths. Report TFLOP/s = the counter.
+//   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+// Without a CUDA build (or device) it registers nothing.
+#include <benchmark/benchmark.h>
+
+#if MINFER_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../tests/cuda/prefill_test_data.h"
+#include "backend/cuda/prefill.h"
+
+namespace minfer {
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::abort();
+  }
+}
+
+struct DeviceMemory {
+  void* ptr = nullptr;
+  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(ptr); }
+};
+
+// Weight matrices are generated once per (type, n, k) and reused across benchmarks.
+const void* device_weights(GgmlType t, int64_t n, int64_t k) {
+  static std::map<std::tuple<GgmlType, int64_t, int64_t>, std::unique_ptr<DeviceMemory>> cache;
+  auto& slot = cache[{t, n, k}];
+  if (!slot) {
+    const std::vector<uint8_t> host = test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k));
+    slot = std::make_unique<DeviceMemory>(host.size());
+    check(cudaMemcpy(slot->ptr, host.data(), host.size(), cudaMemcpyHostToDevice), "upload weights");
+  }
+  return slot->ptr;
+}
+
+// Random f16/bf16 bit patterns of normal(0,1) values (host-generated, uploaded).
+void* device_random_16bit(size_t count, bool bf16, uint64_t seed) {
+  static std::vector<std::unique_ptr<DeviceMemory>> keep;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> host(count);
+  for (auto& h : host) h = bf16 ? f32_to_bf16(normal(rng)) : f32_to_f16(normal(rng));
+  keep.push_back(std::make_unique<DeviceMemory>(count * 2));
+  check(cudaMemcpy(keep.back()->ptr, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
+  return keep.back()->ptr;
+}
+
+template <typename Launch>
+void time_with_events(benchmark::State& state, double flops, Launch launch) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  launch();  // warm-up (module load, shared-memory attribute)
+  check(cudaDeviceSynchronize(), "warm-up");
+  for (auto _ : state) {
+    cudaEventRecord(start);
+    launch();
+    cudaEventRecord(stop);
+    check(cudaEventSynchronize(stop), "kernel");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    state.SetIterationTime(ms * 1e-3);
+  }
+  state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+}
+
+void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile) {
+  DeviceMemory y(size_t(m * n) * 4);
+  cuda::PrefillGemm g;
+  g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
+  g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
+  g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile;
+  time_with_events(state, 2.0 * double(m) * double(n) * double(k),
+                   [&] { cuda::launch_prefill_gemm(g, nullptr); });
+}
+
+void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {
+  constexpr int hd = 128;
+  const int64_t kv_width = int64_t(n_kv_head) * hd, q_width = int64_t(n_head) * hd;
+  const size_t cache = size_t(pos0 + m) * kv_width;
+  DeviceMemory q(size_t(m * q_width) * 4), out(size_t(m * q_width) * 4);
+  {
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> host(size_t(m * q_width));
+    for (float& v : host) v = normal(rng);
+    check(cudaMemcpy(q.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload q");
+  }
+  cuda::PrefillAttention a;
+  a.q = static_cast<const float*>(q.ptr), a.ldq = q_width;
+  a.k_cache = static_cast<const uint16_t*>(device_random_16bit(cache, false, 5));
+  a.v_cache = static_cast<const uint16_t*>(device_random_16bit(cache, false, 6));
+  a.ld_kv = kv_width, a.out = static_cast<float*>(out.ptr), a.ldo = q_width;
+  a.m = m, a.pos0 = pos0, a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
+  a.scale = 1.0f / std::sqrt(float(hd));
+  double keys = 0;  // causal: token i sees pos0 + i + 1 positions
+  for (int i = 0; i < m; ++i) keys += pos0 + i + 1;
+  time_with_events(state, 4.0 * hd * n_head * keys, [&] { cuda::launch_prefill_attention(a, nullptr); });
+}
+
+struct LayerShape {
+  const char* name;
+  int64_t n, k;
+};
+struct ModelShapes {
+  const char* name;
+  LayerShape layers[4];
+  int n_head, n_kv_head;
+};
+constexpr ModelShapes kModels[] = {
+    {"7B", {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate_up", 37888, 3584}, {"down", 3584, 18944}}, 28, 4},
+    {"14B", {{"qkv", 7168, 5120}, {"o", 5120, 5120}, {"gate_up", 27648, 5120}, {"down", 5120, 13824}}, 40, 8},
+};
+
+int register_all() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return 0;
+  auto add = [](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+  };
+  for (const ModelShapes& model : kModels)
+    for (int64_t m : {512, 4096})
+      for (const LayerShape& l : model.layers)
+        add(std::string("gemm/q4_K/") + model.name + "/" + l.name + "/M" + std::to_string(m),
+            [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0); });
+  const ModelShapes& m7 = kModels[0];
+  for (GgmlType t : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16})
+    for (int li : {2, 3})
+      add(std::string("gemm/") + type_traits(t).name + "/7B/" + m7.layers[li].name + "/M512",
+          [=](benchmark::State& s) { bench_gemm(s, t, m7.layers[li].n, m7.layers[li].k, 512, 0); });
+  for (int tile : {64, 128})
+    for (int li : {0, 2})
+      add(std::string("gemm/q4_K/7B/") + m7.layers[li].name + "/M512/tile" + std::to_string(tile),
+          [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, m7.layers[li].n, m7.layers[li].k, 512, tile); });
+  for (const ModelShapes& model : kModels)
+    for (int pos0 : {0, 4096, 16384})
+      add(std::string("attention/") + model.name + "/M512/d" + std::to_string(pos0),
+          [=](benchmark::State& s) { bench_attention(s, model.n_head, model.n_kv_head, 512, pos0); });
+  add("attention/7B/M4096/d0", [](benchmark::State& s) { bench_attention(s, 28, 4, 4096, 0); });
+  return 0;
+}
+const int registered = register_all();
+
+}  // namespace
+}  // namespace minfer
+#endif

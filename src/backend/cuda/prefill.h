@@ -1,0 +1,88 @@
+// Prefill (many-token) kernels of the CUDA backend: the weight GEMM and causal flash attention.
+// Plain C++ launch functions over device pointers; everything runs on the given stream and none of
+// them synchronizes. docs/08-cuda-prefill.md explains the choices and the measured rates.
+//
+// Formulation (docs/08-cuda-prefill.md says why, and what was measured): weight tiles are
+// dequantized exactly (f32) into shared memory as bf16 and multiplied on the tensor cores
+// (mma.sync m16n8k16, f32 accumulation) against a bf16 activation plane [m][k] (row-major). The PRODUCER of an activation (rms_norm, swiglu, attention) writes that plane
+// next to its f32 output with prefill_activation_bf16() below, the same per-element body the
+// standalone launch_prefill_activation_bf16 uses, so fused and standalone planes are bitwise equal.
+#pragma once
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "quant/types.h"
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#endif
+
+namespace minfer::cuda {
+
+// ---- activation plane ---------------------------------------------------------------------------
+// bf16 bits (round to nearest even, NaN kept) of one activation; the producer-side epilogue.
+#ifdef __CUDACC__
+__device__ __forceinline__ uint16_t prefill_activation_bf16(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+#endif
+
+// dst[i] = prefill_activation_bf16(src[i]) for i < n (the standalone conversion).
+void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream);
+
+// ---- GEMM: Y[m, n] = X[m, :] . W[n, :] (+ bias[n]) (+ residual[m, n]) --------------------------
+// Weight types with a prefill GEMM: q4_K, q5_K, q6_K, q8_0, f16, bf16, f32.
+bool prefill_gemm_supports(GgmlType t);
+
+struct PrefillGemm {
+  GgmlType w_type = GgmlType::F32;
+  const void* w = nullptr;  // n rows of row_bytes(w_type, k) bytes each, contiguous (GGUF layout)
+  int64_t n = 0;            // output features (weight rows)
+  int64_t k = 0;            // input features
+  const uint16_t* x = nullptr;  // bf16 activations, row-major [m][ldx]
+  int64_t ldx = 0;
+  int64_t m = 0;                // tokens (any m >= 1)
+  float* y = nullptr;           // f32 output, row-major [m][ldy]
+  int64_t ldy = 0;
+  const float* bias = nullptr;      // [n] or null
+  const float* residual = nullptr;  // [m][ldy] added to the product, or null; may equal y
+  int m_tile = 0;  // 0: chosen from the grid size; 64 or 128 force one (tests, bench)
+};
+
+// REQUIRES (checked, minfer::Error otherwise): prefill_gemm_supports(w_type); k % 256 == 0 for the
+// K types and k % 64 == 0 otherwise; n % 2 == 0; ldx >= k, ldx % 8 == 0; ldy >= n, ldy % 2 == 0;
+// x 16-byte and w 16-byte aligned (cudaMalloc gives 256); y, residual 8-byte aligned.
+// Precision: each product x_k * w_k carries one bf16 rounding of x and one of the exactly (f32)
+// dequantized w, so |y - exact| <= 2^-8 * sum_k |x_k w_k| plus f32 accumulation error.
+void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream);
+
+// ---- causal flash attention over the f16 KV cache -----------------------------------------------
+// Query token i (0 <= i < m) sits at position pos0 + i and attends to cache positions
+// [0, pos0 + i]; the cache rows [pos0, pos0 + m) must already hold this chunk's K and V.
+// Cache layout (per layer): f16 row-major [n_ctx][ld_kv]; position p, kv head g, dimension d is
+// element p * ld_kv + g * head_dim + d. Query head h uses kv head h / (n_head / n_kv_head).
+struct PrefillAttention {
+  const float* q = nullptr;  // [m][ldq]; head h at columns [h*head_dim, (h+1)*head_dim), roped
+  int64_t ldq = 0;
+  const uint16_t* k_cache = nullptr;  // f16 bits
+  const uint16_t* v_cache = nullptr;  // f16 bits
+  int64_t ld_kv = 0;
+  float* out = nullptr;         // [m][ldo], same head layout as q
+  uint16_t* out_bf16 = nullptr; // optional: the o-projection's bf16 activation plane, [m][ldo]
+  int64_t ldo = 0;
+  int m = 0;
+  int pos0 = 0;
+  int n_head = 0;
+  int n_kv_head = 0;
+  int head_dim = 0;  // 64 or 128
+  float scale = 0;   // softmax scale, usually 1/sqrt(head_dim)
+};
+
+// REQUIRES (checked): head_dim 64 or 128; n_head % n_kv_head == 0; m >= 1, pos0 >= 0;
+// ldq, ld_kv, ldo multiples of 8 (16-byte rows) and >= n_head*head_dim (ld_kv >= n_kv*head_dim);
+// pointers 16-byte aligned. Rows >= pos0 + m of the cache are never read.
+// Precision: q is rounded to f16 (after scaling), the probabilities to f16, accumulation in f32.
+void launch_prefill_attention(const PrefillAttention& a, cudaStream_t stream);
+
+}  // namespace minfer::cuda

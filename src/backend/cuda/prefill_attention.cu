@@ -1,0 +1,247 @@
+// Causal flash attention for prefill over the f16 KV cache (online softmax, f16 mma.sync).
+// One CTA = 64 query tokens of one head, 4 warps of 16 queries each. K and V tiles of 64 cache
+// positions stream through a double-buffered cp.async pipeline; S = Q K^T stays in registers, is
+// turned into probabilities there and re-packed as the A operand of P V (no shared round trip).
+#include <cmath>
+
+#include "backend/cuda/prefill.h"
+#include "backend/cuda/prefill_mma.cuh"
+#include "util/error.h"
+
+namespace minfer::cuda {
+namespace {
+
+using namespace prefill_detail;
+
+constexpr int kQueries = 64;   // query rows per CTA
+constexpr int kKeys = 64;      // cache positions per pipeline step
+constexpr int kThreads = 128;  // 4 warps x 16 query rows
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int kHeadDim>
+struct AttentionShape {
+  using Tile = SwizzledTile<kHeadDim / 8>;  // one row = one head vector of f16
+  static constexpr int kTileBytes = kKeys * Tile::kRowBytes;
+  static constexpr int kQBytes = kQueries * Tile::kRowBytes;
+  static constexpr int kSmemBytes = kQBytes + 4 * kTileBytes;  // Q, K[2], V[2]
+  static constexpr int kDSteps = kHeadDim / 16;   // k16 steps of Q K^T
+  static constexpr int kDFrags = kHeadDim / 8;    // n8 fragments of the output
+};
+
+struct AttentionParams {
+  const float* q;
+  int64_t ldq;
+  const __half* k_cache;
+  const __half* v_cache;
+  int64_t ld_kv;
+  float* out;
+  uint16_t* out_bf16;
+  int64_t ldo;
+  int m, pos0, group;  // group = n_head / n_kv_head
+  float scale_log2;    // softmax scale * log2(e): scores are kept in the exp2 domain
+};
+
+// REQUIRES: blockDim.x == kThreads; gridDim = (n_head, ceil(m / kQueries)); dynamic shared memory
+// AttentionShape<kHeadDim>::kSmemBytes. blockIdx.y counts query tiles from the LAST one, so the
+// CTAs with the longest causal range start first.
+template <int kHeadDim>
+__global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const AttentionParams p) {
+  using Shape = AttentionShape<kHeadDim>;
+  using Tile = typename Shape::Tile;
+  constexpr int kChunks = kHeadDim / 8;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t q_smem = shared_address(smem);
+  const uint32_t k_smem = q_smem + Shape::kQBytes;
+  const uint32_t v_smem = k_smem + 2 * Shape::kTileBytes;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int head = blockIdx.x, kv_head = head / p.group;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kQueries;
+  const int q_last = min(q0 + kQueries, p.m) - 1;
+  const int kv_end = p.pos0 + q_last + 1;  // positions this CTA may read: [0, kv_end)
+  const int steps = (kv_end + kKeys - 1) / kKeys;
+
+  auto load_kv = [&](int step, int buffer) {
+#pragma unroll
+    for (int i = 0; i < kKeys * kChunks / kThreads; ++i) {
+      const int idx = tid + i * kThreads;
+      const int row = idx / kChunks, chunk = idx % kChunks;
+      const int pos = step * kKeys + row;
+      const bool valid = pos < kv_end;  // past it: zero-filled, never read
+      const int64_t offset = int64_t(valid ? pos : 0) * p.ld_kv + kv_head * kHeadDim + chunk * 8;
+      const uint32_t dst = buffer * Shape::kTileBytes + Tile::offset(row, chunk);
+      cp_async16(k_smem + dst, p.k_cache + offset, valid);
+      cp_async16(v_smem + dst, p.v_cache + offset, valid);
+    }
+  };
+  load_kv(0, 0);
+  cp_async_commit();
+
+  // Q tile: f32 -> scaled f16 into shared memory (rows past m are zeros).
+  for (int idx = tid; idx < kQueries * kChunks; idx += kThreads) {
+    const int row = idx / kChunks, chunk = idx % kChunks;
+    float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+    if (q0 + row < p.m) {
+      const float4* src = reinterpret_cast<const float4*>(p.q + int64_t(q0 + row) * p.ldq + head * kHeadDim + chunk * 8);
+      lo = src[0], hi = src[1];
+    }
+    const float s = p.scale_log2;
+    *reinterpret_cast<uint4*>(smem + Tile::offset(row, chunk)) =
+        make_uint4(pack_f16x2(lo.x * s, lo.y * s), pack_f16x2(lo.z * s, lo.w * s),
+                   pack_f16x2(hi.x * s, hi.y * s), pack_f16x2(hi.z * s, hi.w * s));
+  }
+  __syncthreads();
+  uint32_t qf[Shape::kDSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < Shape::kDSteps; ++kk)
+    ldmatrix_x4(qf[kk], q_smem + Tile::offset(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+
+  // This thread's two query rows (fragment rows lane/4 and lane/4 + 8) and their causal limits.
+  int limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) limit[h] = p.pos0 + q0 + warp * 16 + (lane >> 2) + 8 * h;
+  const int cta_min_limit = p.pos0 + q0;
+
+  float o[Shape::kDFrags][4];
+#pragma unroll
+  for (int j = 0; j < Shape::kDFrags; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[j][e] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};  // this thread's partial sums; reduced over the quad at the end
+
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<0>();
+    // After this barrier the tile of `step` is visible and every warp is done with step - 1's buffer.
+    __syncthreads();
+    if (step + 1 < steps) load_kv(step + 1, (step + 1) & 1);
+    cp_async_commit();
+
+    const int buffer = step & 1;
+    const uint32_t k_tile = k_smem + buffer * Shape::kTileBytes;
+    const uint32_t v_tile = v_smem + buffer * Shape::kTileBytes;
+
+    float s[kKeys / 8][4];
+#pragma unroll
+    for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < Shape::kDSteps; ++kk) {
+#pragma unroll
+      for (int j = 0; j < kKeys / 16; ++j) {
+        uint32_t kb[4];
+        ldmatrix_x4(kb, k_tile + Tile::offset(j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                              2 * kk + ((lane >> 3) & 1)));
+        mma_f16(s[2 * j], qf[kk], kb[0], kb[1]);
+        mma_f16(s[2 * j + 1], qf[kk], kb[2], kb[3]);
+      }
+    }
+
+    if (step * kKeys + kKeys - 1 > cta_min_limit) {  // the tile crosses some row's causal limit
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (step * kKeys + j * 8 + 2 * (lane & 3) + (e & 1) > limit[e >> 1]) s[j][e] = -INFINITY;
+    }
+
+    // Online softmax; position 0 is visible to every row, so after step 0 each max is finite.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = row_max[h];
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * h], s[j][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float alpha = exp2f(row_max[h] - mx);
+      row_max[h] = mx;
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < kKeys / 8; ++j) {
+        s[j][2 * h] = exp2f(s[j][2 * h] - mx);
+        s[j][2 * h + 1] = exp2f(s[j][2 * h + 1] - mx);
+        sum += s[j][2 * h] + s[j][2 * h + 1];
+      }
+      row_sum[h] = row_sum[h] * alpha + sum;
+#pragma unroll
+      for (int j = 0; j < Shape::kDFrags; ++j) o[j][2 * h] *= alpha, o[j][2 * h + 1] *= alpha;
+    }
+
+    // O += P V: the S accumulators of n-fragments 2t, 2t+1 form the A fragment of keys 16t..16t+15.
+#pragma unroll
+    for (int t = 0; t < kKeys / 16; ++t) {
+      const uint32_t pa[4] = {pack_f16x2(s[2 * t][0], s[2 * t][1]), pack_f16x2(s[2 * t][2], s[2 * t][3]),
+                              pack_f16x2(s[2 * t + 1][0], s[2 * t + 1][1]),
+                              pack_f16x2(s[2 * t + 1][2], s[2 * t + 1][3])};
+#pragma unroll
+      for (int dj = 0; dj < kHeadDim / 16; ++dj) {
+        uint32_t vb[4];
+        ldmatrix_x4_trans(vb, v_tile + Tile::offset(t * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                    2 * dj + (lane >> 4)));
+        mma_f16(o[2 * dj], pa, vb[0], vb[1]);
+        mma_f16(o[2 * dj + 1], pa, vb[2], vb[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float inv = 1.0f / sum;
+    const int row = q0 + warp * 16 + (lane >> 2) + 8 * h;
+    if (row >= p.m) continue;
+#pragma unroll
+    for (int j = 0; j < Shape::kDFrags; ++j) {
+      const int col = head * kHeadDim + j * 8 + 2 * (lane & 3);
+      const float2 v = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+      *reinterpret_cast<float2*>(p.out + int64_t(row) * p.ldo + col) = v;
+      if (p.out_bf16)
+        *reinterpret_cast<uint32_t*>(p.out_bf16 + int64_t(row) * p.ldo + col) =
+            uint32_t(prefill_activation_bf16(v.x)) | (uint32_t(prefill_activation_bf16(v.y)) << 16);
+    }
+  }
+}
+
+template <int kHeadDim>
+void launch_head_dim(const AttentionParams& p, int n_head, cudaStream_t stream) {
+  constexpr int smem = AttentionShape<kHeadDim>::kSmemBytes;
+  static const cudaError_t attr_status = cudaFuncSetAttribute(
+      prefill_attention_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr_status != cudaSuccess)
+    fail("prefill attention: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
+  const dim3 grid(n_head, (p.m + kQueries - 1) / kQueries);
+  prefill_attention_kernel<kHeadDim><<<grid, kThreads, smem, stream>>>(p);
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+}  // namespace
+
+void launch_prefill_attention(const PrefillAttention& a, cudaStream_t stream) {
+  if (a.head_dim != 64 && a.head_dim != 128)
+    fail("prefill attention: head_dim ", a.head_dim, " is not supported (64 or 128)");
+  if (a.n_head <= 0 || a.n_kv_head <= 0 || a.n_head % a.n_kv_head != 0)
+    fail("prefill attention: n_head ", a.n_head, " is not a positive multiple of n_kv_head ", a.n_kv_head);
+  if (a.m <= 0 || a.pos0 < 0) fail("prefill attention: m = ", a.m, ", pos0 = ", a.pos0, " out of range");
+  const int64_t q_width = int64_t(a.n_head) * a.head_dim, kv_width = int64_t(a.n_kv_head) * a.head_dim;
+  if (a.ldq < q_width || a.ldo < q_width || a.ld_kv < kv_width || a.ldq % 8 || a.ldo % 8 || a.ld_kv % 8)
+    fail("prefill attention: strides ldq ", a.ldq, ", ldo ", a.ldo, ", ld_kv ", a.ld_kv,
+         " must be multiples of 8 covering ", q_width, " (q/out) and ", kv_width, " (kv) elements");
+  if (!a.q || !a.k_cache || !a.v_cache || !a.out) fail("prefill attention: null q, cache or output pointer");
+  if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out) ||
+      !aligned16(a.out_bf16))
+    fail("prefill attention: pointers must be 16-byte aligned");
+
+  const AttentionParams p{a.q, a.ldq, reinterpret_cast<const __half*>(a.k_cache),
+                          reinterpret_cast<const __half*>(a.v_cache), a.ld_kv, a.out, a.out_bf16, a.ldo,
+                          a.m, a.pos0, a.n_head / a.n_kv_head, a.scale * kLog2e};
+  if (a.head_dim == 64)
+    launch_head_dim<64>(p, a.n_head, stream);
+  else
+    launch_head_dim<128>(p, a.n_head, stream);
+}
+
+}  // namespace minfer::cuda

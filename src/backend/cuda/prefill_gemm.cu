@@ -1,0 +1,462 @@
+// Prefill GEMM: Y[m, n] = X[m, :] . W[n, :] (+ bias) (+ residual) with W in its GGUF layout.
+// Each CTA dequantizes a 128-row x 64-K slice of W per step into shared memory as bf16 (exact f32
+// dequantization, one rounding to bf16) and runs mma.sync m16n8k16 against the bf16 activation
+// tile, which arrives through a 3-stage cp.async pipeline. The weight slice for step k+2 is loaded
+// into registers while step k computes and is dequantized into the other shared buffer after it.
+#include <algorithm>
+
+#include "backend/cuda/prefill.h"
+#include "backend/cuda/prefill_mma.cuh"
+#include "util/error.h"
+
+namespace minfer::cuda {
+namespace {
+
+using namespace prefill_detail;
+
+constexpr int kBK = 64;           // K elements per pipeline step (one weight "chunk" per row)
+constexpr int kBN = 128;          // weight rows per CTA: one row per thread
+constexpr int kThreads = 128;     // 4 warps as 2 (m) x 2 (n), each warp 64 columns of n
+constexpr int kAStages = 3;       // activation pipeline depth
+constexpr int kChunksPerRow = kBK * 2 / 16;  // 16-byte chunks per 64-element bf16 tile row
+using Tile = SwizzledTile<kChunksPerRow>;
+static_assert(kBN == kThreads, "REQUIRES: each thread dequantizes exactly one weight row per step");
+
+template <int kBM>
+struct GemmShape {
+  static_assert(kBM == 64 || kBM == 128, "two m-tiles: 64 for small grids, 128 otherwise");
+  static constexpr int kWarpM = kBM / 2;        // rows per warp
+  static constexpr int kMFrags = kWarpM / 16;   // m16 fragments per warp
+  static constexpr int kNFrags = 8;             // n8 fragments per warp (64 columns)
+  static constexpr int kAStageBytes = kBM * Tile::kRowBytes;
+  static constexpr int kBBufferBytes = kBN * Tile::kRowBytes;
+  static constexpr int kSmemBytes = kAStages * kAStageBytes + 2 * kBBufferBytes;
+  static constexpr int kAChunksPerThread = kBM * kChunksPerRow / kThreads;
+};
+
+struct GemmParams {
+  const uint8_t* w;
+  int64_t w_row_bytes;
+  int n, k, m;
+  const uint16_t* x;
+  int64_t ldx;
+  float* y;
+  int64_t ldy;
+  const float* bias;
+  const float* residual;
+};
+
+// ---- weight decoding: 64 consecutive K elements of one row -> 8 chunks of 8 bf16 ----------------
+
+__device__ __forceinline__ float small_uint_to_float(uint32_t u) {  // exact for u < 2^23
+  return __int_as_float(0x4B000000u | u) - 8388608.0f;
+}
+__device__ __forceinline__ uint32_t byte_at(uint32_t w, int i) { return (w >> (8 * i)) & 0xFFu; }
+__device__ __forceinline__ float f16_bits_to_float(uint32_t bits) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+}
+__device__ __forceinline__ void load16(uint32_t* dst, const uint8_t* src) {
+  const uint4 v = __ldg(reinterpret_cast<const uint4*>(src));
+  dst[0] = v.x, dst[1] = v.y, dst[2] = v.z, dst[3] = v.w;
+}
+template <typename ElementFn>  // ElementFn(e) -> float for e = 0..7
+__device__ __forceinline__ uint4 pack8(ElementFn f) {
+  return make_uint4(pack_bf16x2(f(0), f(1)), pack_bf16x2(f(2), f(3)), pack_bf16x2(f(4), f(5)),
+                    pack_bf16x2(f(6), f(7)));
+}
+
+// kWords 32-bit words starting at a 2-byte aligned address (q6_K and q8_0 blocks are 210 and 34
+// bytes). Loads stay pure so they can be in flight during the MMA step; the realignment happens
+// in word(). Never reads outside [p, p + 4*kWords).
+template <int kWords>
+struct Unaligned2Words {
+  uint32_t w[kWords + 1];
+  uint32_t shift;  // 0 or 16 bits
+  __device__ __forceinline__ void load(const uint8_t* p) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uint32_t* base = reinterpret_cast<const uint32_t*>(a & ~uintptr_t(3));
+    shift = (a & 2) ? 16u : 0u;
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = __ldg(base + i);
+    // Only a misaligned run needs word kWords, and then only its low half (still inside the run).
+    w[kWords] = shift ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(base + kWords))) : 0u;
+  }
+  __device__ __forceinline__ uint32_t word(int i) const { return __funnelshift_r(w[i], w[i + 1], shift); }
+};
+
+template <GgmlType T>
+struct WeightChunk;
+
+template <>
+struct WeightChunk<GgmlType::Q4_K> {  // d, dmin, scales[12] | qs[128]; groups of 32 (6-bit sc, m)
+  uint32_t head[4];
+  uint32_t qs[8];  // qs bytes [32*pair, 32*pair + 32): groups 2*pair (low nibble), 2*pair+1 (high)
+  int pair;
+  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+    const uint8_t* blk = row + (k0 / QK_K) * sizeof(BlockQ4_K);
+    pair = (k0 % QK_K) / kBK;
+    load16(head, blk);
+    load16(qs, blk + 16 + 32 * pair);
+    load16(qs + 4, blk + 32 + 32 * pair);
+  }
+  // 6-bit scale and min of group j (0..7) from the 12 packed bytes (the GGUF q4_K/q5_K packing).
+  __device__ __forceinline__ static void scale_min(const uint32_t* head, int j, float& dl, float& ml) {
+    const uint32_t s0 = head[1], s1 = head[2], s2 = head[3];
+    const int b = j & 3;
+    int sc, mn;
+    if (j < 4) {
+      sc = byte_at(s0, b) & 63;
+      mn = byte_at(s1, b) & 63;
+    } else {
+      sc = (byte_at(s2, b) & 0xF) | ((byte_at(s0, b) >> 6) << 4);
+      mn = (byte_at(s2, b) >> 4) | ((byte_at(s1, b) >> 6) << 4);
+    }
+    dl = f16_bits_to_float(head[0] & 0xFFFF) * float(sc);
+    ml = f16_bits_to_float(head[0] >> 16) * float(mn);
+  }
+  __device__ __forceinline__ uint4 chunk(int c) const {
+    float dl, ml;
+    scale_min(head, 2 * pair + c / 4, dl, ml);
+    const int shift = 4 * (c / 4);
+    return pack8([&](int e) {
+      const uint32_t q = (byte_at(qs[2 * (c % 4) + e / 4], e % 4) >> shift) & 0xF;
+      return dl * small_uint_to_float(q) - ml;
+    });
+  }
+};
+
+template <>
+struct WeightChunk<GgmlType::Q5_K> {  // as q4_K plus qh[32]: bit j of qh[l] is bit 4 of group j
+  uint32_t head[4];
+  uint32_t qh[8];
+  uint32_t qs[8];
+  int pair;
+  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+    const uint8_t* blk = row + (k0 / QK_K) * sizeof(BlockQ5_K);
+    pair = (k0 % QK_K) / kBK;
+    load16(head, blk);
+    load16(qh, blk + 16);
+    load16(qh + 4, blk + 32);
+    load16(qs, blk + 48 + 32 * pair);
+    load16(qs + 4, blk + 64 + 32 * pair);
+  }
+  __device__ __forceinline__ uint4 chunk(int c) const {
+    const int group = 2 * pair + c / 4;
+    float dl, ml;
+    WeightChunk<GgmlType::Q4_K>::scale_min(head, group, dl, ml);
+    const int shift = 4 * (c / 4);
+    return pack8([&](int e) {
+      const int w = 2 * (c % 4) + e / 4;
+      const uint32_t q = ((byte_at(qs[w], e % 4) >> shift) & 0xF) |
+                         (((byte_at(qh[w], e % 4) >> group) & 1) << 4);
+      return dl * small_uint_to_float(q) - ml;
+    });
+  }
+};
+
+template <>
+struct WeightChunk<GgmlType::Q6_K> {  // ql[128] | qh[64] | int8 scales[16] | d; halves of 128
+  Unaligned2Words<16> ql;   // ql[64h .. 64h+64)
+  Unaligned2Words<8> qh;    // qh[32h .. 32h+32)
+  Unaligned2Words<1> sc;    // scales[8h + 4*p2 .. +4): the four 16-element scales of this chunk
+  uint32_t d_bits;
+  int p2;  // which 64 of the half: groups 2*p2, 2*p2+1 of it
+  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+    const uint8_t* blk = row + (k0 / QK_K) * sizeof(BlockQ6_K);
+    const int half = (k0 % QK_K) / 128;
+    p2 = (k0 % 128) / kBK;
+    ql.load(blk + 64 * half);
+    qh.load(blk + 128 + 32 * half);
+    sc.load(blk + 192 + 8 * half + 4 * p2);
+    d_bits = __ldg(reinterpret_cast<const unsigned short*>(blk + 208));
+  }
+  __device__ __forceinline__ uint4 chunk(int c) const {
+    const int hi = c / 4;  // second group of the pair: ql bytes +32, qh bits +2
+    const int lshift = 4 * p2, hshift = 4 * p2 + 2 * hi;
+    const int scale = int(int8_t(byte_at(sc.word(0), 2 * hi + (c % 4) / 2)));
+    const float dl = f16_bits_to_float(d_bits) * float(scale);
+    const uint32_t l0 = ql.word(8 * hi + 2 * (c % 4)), l1 = ql.word(8 * hi + 2 * (c % 4) + 1);
+    const uint32_t h0 = qh.word(2 * (c % 4)), h1 = qh.word(2 * (c % 4) + 1);
+    return pack8([&](int e) {
+      const uint32_t lw = e < 4 ? l0 : l1, hw = e < 4 ? h0 : h1;
+      const uint32_t u = ((byte_at(lw, e % 4) >> lshift) & 0xF) | (((byte_at(hw, e % 4) >> hshift) & 3) << 4);
+      return dl * (small_uint_to_float(u) - 32.0f);
+    });
+  }
+};
+
+template <>
+struct WeightChunk<GgmlType::Q8_0> {  // two 34-byte blocks: f16 d | int8 qs[32]
+  Unaligned2Words<8> qs[2];
+  uint32_t d_bits[2];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+    const uint8_t* blk = row + (k0 / QK) * sizeof(BlockQ8_0);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      d_bits[b] = __ldg(reinterpret_cast<const unsigned short*>(blk + b * sizeof(BlockQ8_0)));
+      qs[b].load(blk + b * sizeof(BlockQ8_0) + 2);
+    }
+  }
+  __device__ __forceinline__ uint4 chunk(int c) const {
+    const Unaligned2Words<8>& q = qs[c / 4];
+    const float d = f16_bits_to_float(d_bits[c / 4]);
+    const uint32_t w0 = q.word(2 * (c % 4)), w1 = q.word(2 * (c % 4) + 1);
+    return pack8([&](int e) {
+      const uint32_t biased = byte_at(e < 4 ? w0 : w1, e % 4) ^ 0x80u;  // int8 + 128
+      return d * (small_uint_to_float(biased) - 128.0f);
+    });
+  }
+};
+
+template <>
+struct WeightChunk<GgmlType::F16> {
+  uint32_t raw[32];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) load16(raw + 4 * c, row + size_t(k0) * 2 + 16 * c);
+  }
+  __device__ __forceinline__ uint4 chunk(int c) const {
+    return pack8([&](int e) { return f16_bits_to_float(raw[4 * c + e / 2] >> (16 * (e % 2))); });
+  }
+};
+
+template <>
+struct WeightChunk<GgmlType::BF16> {
+  uint32_t raw[32];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) load16(raw + 4 * c, row + size_t(k0) * 2 + 16 * c);
+  }
+  __device__ __forceinline__ uint4 chunk(int c) const {
+    return make_uint4(raw[4 * c], raw[4 * c + 1], raw[4 * c + 2], raw[4 * c + 3]);
+  }
+};
+
+template <>
+struct WeightChunk<GgmlType::F32> {  // converted at load time (f32 weights are the rare case)
+  uint32_t packed[32];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+    const float4* src = reinterpret_cast<const float4*>(row + size_t(k0) * 4);
+#pragma unroll
+    for (int i = 0; i < 16; ++i) {
+      const float4 v = __ldg(src + i);
+      packed[2 * i] = pack_bf16x2(v.x, v.y);
+      packed[2 * i + 1] = pack_bf16x2(v.z, v.w);
+    }
+  }
+  __device__ __forceinline__ uint4 chunk(int c) const {
+    return make_uint4(packed[4 * c], packed[4 * c + 1], packed[4 * c + 2], packed[4 * c + 3]);
+  }
+};
+
+// ---- the kernel ------------------------------------------------------------------------------------
+
+// REQUIRES: blockDim.x == kThreads; gridDim = (ceil(m / kBM), ceil(n / kBN)); k % kBK == 0 (and the
+// K types: k % 256 == 0); dynamic shared memory GemmShape<kBM>::kSmemBytes. M-tiles vary fastest
+// so the CTAs that share one weight slice run together and it is read from DRAM once.
+template <GgmlType T, int kBM>
+__global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams p) {
+  using Shape = GemmShape<kBM>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t a_smem = shared_address(smem);
+  const uint32_t b_smem = a_smem + kAStages * Shape::kAStageBytes;
+  uint8_t* b_smem_ptr = smem + kAStages * Shape::kAStageBytes;
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int warp_m = warp >> 1, warp_n = warp & 1;
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
+  const int steps = p.k / kBK;
+
+  auto load_a = [&](int step, int stage) {
+#pragma unroll
+    for (int i = 0; i < Shape::kAChunksPerThread; ++i) {
+      const int idx = tid + i * kThreads;
+      const int row = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
+      const int gm = m0 + row;
+      const bool valid = gm < p.m;
+      const uint16_t* src = p.x + int64_t(valid ? gm : 0) * p.ldx + step * kBK + chunk * 8;
+      cp_async16(a_smem + stage * Shape::kAStageBytes + Tile::offset(row, chunk), src, valid);
+    }
+  };
+
+  // Rows past n decode the last row (valid memory); their columns are never stored.
+  const uint8_t* w_row = p.w + int64_t(min(n0 + tid, p.n - 1)) * p.w_row_bytes;
+  WeightChunk<T> weights;
+  auto store_b = [&](int buffer) {
+#pragma unroll
+    for (int c = 0; c < kChunksPerRow; ++c)
+      *reinterpret_cast<uint4*>(b_smem_ptr + buffer * Shape::kBBufferBytes + Tile::offset(tid, c)) =
+          weights.chunk(c);
+  };
+
+  float acc[Shape::kMFrags][Shape::kNFrags][4];
+#pragma unroll
+  for (int i = 0; i < Shape::kMFrags; ++i)
+#pragma unroll
+    for (int j = 0; j < Shape::kNFrags; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kAStages - 1; ++s) {
+    if (s < steps) load_a(s, s);
+    cp_async_commit();
+  }
+  weights.load(w_row, 0);
+  store_b(0);
+  if (steps > 1) weights.load(w_row, kBK);
+
+  for (int step = 0; step < steps; ++step) {
+    // Groups committed so far: (kAStages - 1) + step; this step's A tile is the oldest pending one.
+    cp_async_wait<kAStages - 2>();
+    // After this barrier: A stage `step` and B buffer `step & 1` are complete and visible, and every
+    // warp has finished step - 1, so its A stage and B buffer may be overwritten.
+    __syncthreads();
+    {
+      const int next = step + kAStages - 1;
+      if (next < steps) load_a(next, next % kAStages);
+      cp_async_commit();  // possibly empty: keeps the group count arithmetic above uniform
+    }
+
+    const uint32_t a_stage = a_smem + (step % kAStages) * Shape::kAStageBytes;
+    const uint32_t b_buffer = b_smem + (step & 1) * Shape::kBBufferBytes;
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk) {
+      uint32_t a[Shape::kMFrags][4];
+#pragma unroll
+      for (int i = 0; i < Shape::kMFrags; ++i)
+        ldmatrix_x4(a[i], a_stage + Tile::offset(warp_m * Shape::kWarpM + i * 16 + (lane & 15),
+                                                 2 * kk + (lane >> 4)));
+      uint32_t b[Shape::kNFrags / 2][4];  // b[j]: n-fragments 2j (regs 0,1) and 2j+1 (regs 2,3)
+#pragma unroll
+      for (int j = 0; j < Shape::kNFrags / 2; ++j)
+        ldmatrix_x4(b[j], b_buffer + Tile::offset(warp_n * 64 + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                  2 * kk + ((lane >> 3) & 1)));
+#pragma unroll
+      for (int i = 0; i < Shape::kMFrags; ++i)
+#pragma unroll
+        for (int j = 0; j < Shape::kNFrags; ++j)
+          mma_bf16(acc[i][j], a[i], b[j / 2][2 * (j & 1)], b[j / 2][2 * (j & 1) + 1]);
+    }
+
+    if (step + 1 < steps) {
+      store_b((step + 1) & 1);  // buffer of step - 1: free since the barrier above
+      if (step + 2 < steps) weights.load(w_row, (step + 2) * kBK);
+    }
+  }
+
+  // Epilogue: accumulator (i, j, e) is row 16i + lane/4 (+8 for e >= 2), column 8j + 2*(lane%4) + e%2.
+#pragma unroll
+  for (int i = 0; i < Shape::kMFrags; ++i) {
+#pragma unroll
+    for (int j = 0; j < Shape::kNFrags; ++j) {
+      const int col = n0 + warp_n * 64 + j * 8 + 2 * (lane & 3);
+      if (col >= p.n) continue;  // n is even, so col + 1 < n too
+      float2 bias = make_float2(0.0f, 0.0f);
+      if (p.bias) bias = *reinterpret_cast<const float2*>(p.bias + col);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2) + 8 * h;
+        if (row >= p.m) continue;
+        float2 v = make_float2(acc[i][j][2 * h] + bias.x, acc[i][j][2 * h + 1] + bias.y);
+        if (p.residual) {
+          const float2 r = *reinterpret_cast<const float2*>(p.residual + int64_t(row) * p.ldy + col);
+          v.x += r.x, v.y += r.y;
+        }
+        *reinterpret_cast<float2*>(p.y + int64_t(row) * p.ldy + col) = v;
+      }
+    }
+  }
+}
+
+template <GgmlType T, int kBM>
+void launch_typed(const GemmParams& p, cudaStream_t stream) {
+  constexpr int smem = GemmShape<kBM>::kSmemBytes;
+  static const cudaError_t attr_status = cudaFuncSetAttribute(
+      prefill_gemm_kernel<T, kBM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr_status != cudaSuccess)
+    fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
+  const dim3 grid((p.m + kBM - 1) / kBM, (p.n + kBN - 1) / kBN);
+  prefill_gemm_kernel<T, kBM><<<grid, kThreads, smem, stream>>>(p);
+}
+
+template <GgmlType T>
+void launch_for_type(const GemmParams& p, int m_tile, cudaStream_t stream) {
+  // 128-row m-tiles halve the weight dequantization per FLOP; 64-row tiles double the CTA count
+  // when 128 would leave the multiprocessors (two CTAs each) less than two waves of work.
+  static const int sm_count = [] {
+    int device = 0, count = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    return count > 0 ? count : 132;
+  }();
+  const int64_t tiles128 = ((p.m + 127) / 128) * int64_t((p.n + kBN - 1) / kBN);
+  if (m_tile == 0) m_tile = tiles128 >= 4 * int64_t(sm_count) ? 128 : 64;
+  if (m_tile == 128)
+    launch_typed<T, 128>(p, stream);
+  else
+    launch_typed<T, 64>(p, stream);
+}
+
+bool is_k_type(GgmlType t) {
+  return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
+}
+
+__global__ void activation_bf16_kernel(const float* __restrict__ src, uint16_t* __restrict__ dst, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = prefill_activation_bf16(src[i]);
+}
+
+}  // namespace
+
+bool prefill_gemm_supports(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_0:
+    case GgmlType::F16: case GgmlType::BF16: case GgmlType::F32:
+      return true;
+    default:
+      return false;
+  }
+}
+
+void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
+  const char* type_name = type_traits(g.w_type).name;
+  if (!prefill_gemm_supports(g.w_type)) fail("prefill GEMM: no kernel for weight type ", type_name);
+  const int64_t k_multiple = is_k_type(g.w_type) ? QK_K : kBK;
+  if (g.k <= 0 || g.k % k_multiple != 0)
+    fail("prefill GEMM (", type_name, "): k = ", g.k, " is not a positive multiple of ", k_multiple);
+  if (g.n <= 0 || g.n % 2 != 0) fail("prefill GEMM (", type_name, "): n = ", g.n, " must be even and positive");
+  if (g.m <= 0) fail("prefill GEMM (", type_name, "): m = ", g.m, " must be positive");
+  if (g.ldx < g.k || g.ldx % 8 != 0) fail("prefill GEMM: ldx = ", g.ldx, " must be >= k = ", g.k, " and a multiple of 8");
+  if (g.ldy < g.n || g.ldy % 2 != 0) fail("prefill GEMM: ldy = ", g.ldy, " must be >= n = ", g.n, " and even");
+  if (g.m_tile != 0 && g.m_tile != 64 && g.m_tile != 128)
+    fail("prefill GEMM: m_tile ", g.m_tile, " is not 0, 64 or 128");
+  if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
+    fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
+  if (!g.w || !g.x || !g.y) fail("prefill GEMM: null weight, activation or output pointer");
+  if (reinterpret_cast<uintptr_t>(g.w) % 16 || reinterpret_cast<uintptr_t>(g.x) % 16 ||
+      reinterpret_cast<uintptr_t>(g.y) % 8 || reinterpret_cast<uintptr_t>(g.residual) % 8 ||
+      reinterpret_cast<uintptr_t>(g.bias) % 8)
+    fail("prefill GEMM: misaligned pointer (w, x need 16 bytes; y, bias, residual 8)");
+
+  GemmParams p{static_cast<const uint8_t*>(g.w), int64_t(row_bytes(g.w_type, g.k)),
+               int(g.n), int(g.k), int(g.m), g.x, g.ldx, g.y, g.ldy, g.bias, g.residual};
+  switch (g.w_type) {
+    case GgmlType::Q4_K: launch_for_type<GgmlType::Q4_K>(p, g.m_tile, stream); break;
+    case GgmlType::Q5_K: launch_for_type<GgmlType::Q5_K>(p, g.m_tile, stream); break;
+    case GgmlType::Q6_K: launch_for_type<GgmlType::Q6_K>(p, g.m_tile, stream); break;
+    case GgmlType::Q8_0: launch_for_type<GgmlType::Q8_0>(p, g.m_tile, stream); break;
+    case GgmlType::F16: launch_for_type<GgmlType::F16>(p, g.m_tile, stream); break;
+    case GgmlType::BF16: launch_for_type<GgmlType::BF16>(p, g.m_tile, stream); break;
+    case GgmlType::F32: launch_for_type<GgmlType::F32>(p, g.m_tile, stream); break;
+    default: break;
+  }
+}
+
+void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  constexpr int kBlock = 256;
+  activation_bf16_kernel<<<unsigned((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(src, dst, n);
+}
+
+}  // namespace minfer::cuda
