@@ -17,6 +17,8 @@ enum class ValueType : uint32_t {
   STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
 };
 const char* value_type_name(ValueType t);
+// A string from an untrusted file made safe to print: quoted, escaped, cut after `max_chars` bytes.
+std::string quoted(std::string_view s, size_t max_chars = 80);
 
 // A metadata value. Scalars live in one of i/u/f/b/s by type; arrays keep their element type and
 // the elements in `array` (strings arrays are common and large: tokens, merges).
@@ -48,6 +50,10 @@ struct Value {
   static Value from_strings(const std::vector<std::string>& v);
   static Value from_i32s(const std::vector<int32_t>& v);
   static Value from_f32s(const std::vector<float>& v);
+  static Value from_i64(int64_t v);
+  static Value from_f64(double v);
+  // Any element type, including ARRAY for nested arrays; every element must have `elem_type`.
+  static Value from_array(ValueType elem_type, std::vector<Value> elems);
 };
 
 struct TensorInfo {
@@ -88,6 +94,8 @@ class File {
   uint64_t file_size() const { return size_; }
 
  private:
+  void load();  // parses and validates base_[0, size_)
+
   std::string path_;
   uint32_t version_ = 3;
   uint64_t alignment_ = 32;
