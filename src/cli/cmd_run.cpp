@@ -1,0 +1,112 @@
+// `minfer run`: load a model, evaluate a prompt, stream generated text to stdout.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cli/command.h"
+#include "cli/common.h"
+#include "engine/session.h"
+#include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int run_run(int argc, char** argv) {
+  CLI::App app{"Generate text from a prompt", "minfer run"};
+  std::string model_path, prompt, backend = "auto";
+  int n_predict = 128, n_ctx = 0, n_threads = 0;
+  bool ignore_eos = false;
+  minfer::SamplerParams sp;
+  app.add_option("-m,--model", model_path, "GGUF model (default: models/default.gguf or a synthesized tiny model)");
+  app.add_option("-p,--prompt", prompt, "prompt text")->required();
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-c,--ctx-size", n_ctx, "context size (0: model's context length capped at 8192)")->capture_default_str();
+  app.add_option("--temp", sp.temperature, "temperature (<= 0: greedy)")->capture_default_str();
+  app.add_option("--top-k", sp.top_k, "top-k (<= 0: off)")->capture_default_str();
+  app.add_option("--top-p", sp.top_p, "top-p (>= 1: off)")->capture_default_str();
+  app.add_option("--min-p", sp.min_p, "min-p (<= 0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
+  app.add_option("--presence-penalty", sp.presence_penalty, "presence penalty")->capture_default_str();
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty")->capture_default_str();
+  app.add_option("--repeat-last-n", sp.penalty_last_n, "history the penalties look at")->capture_default_str();
+  app.add_option("--seed", sp.seed, "sampling seed")->capture_default_str();
+  app.add_option("--backend", backend, "cpu, cuda or auto")->capture_default_str();
+  app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
+  app.add_flag("--ignore-eos", ignore_eos, "keep generating past the end-of-generation token");
+  CLI11_PARSE(app, argc, argv);
+
+  model_path = minfer::cli::resolve_model_path(model_path);
+  const minfer::Model model = minfer::Model::load(model_path);
+  const minfer::Tokenizer tokenizer = minfer::Tokenizer::from_gguf(model.file);
+  const std::vector<int32_t> prompt_tokens = tokenizer.encode(prompt, true, true);
+  if (prompt_tokens.empty()) minfer::fail("the prompt encodes to no tokens; give a non-empty -p");
+
+  minfer::SessionOptions so;
+  so.n_ctx = n_ctx;
+  so.n_threads = n_threads;
+  so.backend = minfer::parse_backend_kind(backend);
+  minfer::Session session(model, so);
+  const size_t needed = prompt_tokens.size() + size_t(n_predict);
+  if (needed > size_t(session.n_ctx()))
+    minfer::fail("prompt (", prompt_tokens.size(), " tokens) + -n ", n_predict, " = ", needed,
+                 " tokens exceeds the context size n_ctx=", session.n_ctx(), "; raise -c (max ",
+                 model.hp.n_ctx_train, " for this model) or lower -n");
+
+  minfer::Sampler sampler(sp);
+  const bool plain_greedy = sampler.greedy() && sp.repeat_penalty == 1.0f &&
+                            sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+  std::vector<int32_t> history = prompt_tokens;
+  minfer::StreamDecoder decoder(tokenizer);
+
+  // One step: feed tokens, get the next one (on the device for plain greedy decoding).
+  auto next_token = [&](std::span<const int32_t> tokens) {
+    if (plain_greedy) return session.eval_greedy(tokens);
+    return sampler.sample(session.eval(tokens), history);
+  };
+
+  int n_generated = 0, n_decode_steps = 0;
+  double gen_seconds = 0;
+  const auto t_prompt = std::chrono::steady_clock::now();
+  int32_t token = -1;
+  if (n_predict > 0)
+    token = next_token(prompt_tokens);
+  else
+    session.eval(prompt_tokens);
+  const double prompt_seconds = seconds_since(t_prompt);
+  while (n_generated < n_predict) {
+    if (!ignore_eos && tokenizer.is_end_of_generation(token)) break;
+    ++n_generated;
+    history.push_back(token);
+    const std::string text = decoder.push(token);
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    if (n_generated == n_predict) break;
+    const auto t0 = std::chrono::steady_clock::now();
+    token = next_token(std::span<const int32_t>(&history.back(), 1));
+    gen_seconds += seconds_since(t0);
+    ++n_decode_steps;
+  }
+  const std::string rest = decoder.flush();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::printf("\n");
+  std::fflush(stdout);
+
+  std::fprintf(stderr, "prompt: %zu tokens, %.2f t/s | generation: %d tokens, %.2f t/s (%s)\n",
+               prompt_tokens.size(), double(prompt_tokens.size()) / std::max(prompt_seconds, 1e-9),
+               n_generated, n_decode_steps > 0 ? double(n_decode_steps) / gen_seconds : 0.0,
+               session.backend_name().c_str());
+  return 0;
+}
+
+const minfer::cli::Register registration("run", "generate text from a prompt", run_run);
+
+}  // namespace
