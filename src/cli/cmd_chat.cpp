@@ -1,0 +1,175 @@
+// `minfer chat`: an interactive conversation. Each turn renders the whole history with the
+// model's chat template, keeps the KV cache for the tokens shared with the previous turn and
+// evaluates only the rest. Ctrl-C stops the reply being generated; at the prompt it exits.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <unistd.h>
+
+#include "cli/command.h"
+#include "engine/session.h"
+#include "sampling/sampler.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+
+namespace {
+
+std::atomic<bool> g_generating{false};
+std::atomic<bool> g_stop{false};
+
+void on_sigint(int) {
+  if (g_generating) {
+    g_stop = true;
+    return;
+  }
+  const char nl = '\n';
+  (void)!write(STDOUT_FILENO, &nl, 1);
+  _exit(130);
+}
+
+// The model's template, or ChatML when it has none or it does not parse.
+std::optional<minfer::ChatTemplate> load_template(const minfer::Tokenizer& tok, bool force_chatml) {
+  if (force_chatml) return std::nullopt;
+  const std::string source = tok.chat_template();
+  if (source.empty()) {
+    std::fprintf(stderr, "minfer chat: warning: the model has no tokenizer.chat_template; using ChatML\n");
+    return std::nullopt;
+  }
+  try {
+    return minfer::ChatTemplate(source);
+  } catch (const minfer::jinja::TemplateError& e) {
+    std::fprintf(stderr, "minfer chat: warning: %s; falling back to ChatML\n", e.what());
+    return std::nullopt;
+  }
+}
+
+int run_chat(int argc, char** argv) {
+  CLI::App app{"Interactive chat with the model's chat template", "minfer chat"};
+  std::string model_path, system_prompt, backend = "auto";
+  int n_ctx = 0, n_threads = 0, max_reply = 0;
+  bool force_chatml = false;
+  minfer::SamplerParams sp;
+  app.add_option("-m,--model", model_path, "GGUF model")->required();
+  app.add_option("-c,--ctx-size", n_ctx, "context size (0: model's context length capped at 8192)")->capture_default_str();
+  app.add_option("--system", system_prompt, "system message that starts the conversation");
+  app.add_option("-n,--n-predict", max_reply, "most tokens per reply (0: until the end token or a full context)")
+      ->capture_default_str();
+  app.add_option("--temp", sp.temperature, "temperature (<= 0: greedy)")->capture_default_str();
+  app.add_option("--top-k", sp.top_k, "top-k (<= 0: off)")->capture_default_str();
+  app.add_option("--top-p", sp.top_p, "top-p (>= 1: off)")->capture_default_str();
+  app.add_option("--min-p", sp.min_p, "min-p (<= 0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
+  app.add_option("--seed", sp.seed, "sampling seed")->capture_default_str();
+  app.add_option("--backend", backend, "cpu, cuda or auto")->capture_default_str();
+  app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
+  app.add_flag("--chatml", force_chatml, "ignore the model's template and use ChatML");
+  CLI11_PARSE(app, argc, argv);
+
+  const minfer::Model model = minfer::Model::load(model_path);
+  const minfer::Tokenizer tok = minfer::Tokenizer::from_gguf(model.file);
+  const std::optional<minfer::ChatTemplate> tmpl = load_template(tok, force_chatml);
+  const std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
+  const std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+
+  minfer::SessionOptions so;
+  so.n_ctx = n_ctx;
+  so.n_threads = n_threads;
+  so.backend = minfer::parse_backend_kind(backend);
+  minfer::Session session(model, so);
+  minfer::Sampler sampler(sp);
+
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+
+  std::vector<minfer::ChatMessage> history;
+  if (!system_prompt.empty()) history.push_back({"system", system_prompt});
+  std::vector<int32_t> cached;  // the tokens whose keys/values the session holds, in order
+
+  auto render_prompt = [&]() -> std::vector<int32_t> {
+    std::string text = tmpl ? tmpl->render(minfer::messages_to_json(history), minfer::Json(), true, bos, eos)
+                            : minfer::render_chatml(history, true);
+    std::vector<int32_t> ids = tok.encode(text, false, true);
+    // Templates usually write bos_token themselves; add it when the model wants one and they did not.
+    if (tok.add_bos() && tok.bos() >= 0 && (ids.empty() || ids.front() != tok.bos())) ids.insert(ids.begin(), tok.bos());
+    return ids;
+  };
+
+  std::fprintf(stderr, "minfer chat: %s, context %d tokens, %s template. Ctrl-C stops a reply; "
+                       "Ctrl-C at the prompt or EOF exits; /reset clears the history.\n",
+               session.backend_name().c_str(), session.n_ctx(), tmpl ? "model's" : "ChatML");
+  std::string line;
+  while (true) {
+    std::fputs("> ", stdout);
+    std::fflush(stdout);
+    if (!std::getline(std::cin, line)) break;
+    if (line.empty()) continue;
+    if (line == "/reset") {
+      history.resize(system_prompt.empty() ? 0 : 1);
+      continue;
+    }
+    history.push_back({"user", line});
+    std::vector<int32_t> prompt;
+    try {
+      prompt = render_prompt();
+    } catch (const minfer::Error& e) {
+      std::fprintf(stderr, "minfer chat: %s\n", e.what());
+      history.pop_back();
+      continue;
+    }
+    if (static_cast<int>(prompt.size()) >= session.n_ctx()) {
+      std::fprintf(stderr, "minfer chat: the conversation (%zu tokens) fills the context of %d tokens; "
+                           "/reset or raise -c\n", prompt.size(), session.n_ctx());
+      history.pop_back();
+      continue;
+    }
+
+    // Reuse the cache for the shared prefix; at least one token is evaluated to get logits.
+    size_t keep = std::mismatch(prompt.begin(), prompt.end(), cached.begin(), cached.end()).first - prompt.begin();
+    keep = std::min({keep, prompt.size() - 1, static_cast<size_t>(session.n_past())});
+    session.truncate(static_cast<int>(keep));
+    cached.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(keep));
+    std::span<const int32_t> pending(prompt.data() + keep, prompt.size() - keep);
+
+    std::vector<int32_t> sampled_history = prompt;
+    minfer::StreamDecoder decoder(tok);
+    std::string reply;
+    g_stop = false;
+    g_generating = true;
+    int n_reply = 0;
+    while (!g_stop) {
+      std::span<const float> logits = session.eval(pending);
+      cached.insert(cached.end(), pending.begin(), pending.end());
+      const int32_t next = sampler.sample(logits, sampled_history);
+      if (tok.is_end_of_generation(next)) break;
+      sampled_history.push_back(next);
+      std::string piece = decoder.push(next);
+      reply += piece;
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      if ((max_reply > 0 && ++n_reply >= max_reply) || session.n_past() + 1 >= session.n_ctx()) break;
+      pending = std::span<const int32_t>(&sampled_history.back(), 1);
+    }
+    g_generating = false;
+    std::string rest = decoder.flush();
+    reply += rest;
+    std::fwrite(rest.data(), 1, rest.size(), stdout);
+    std::fputs(g_stop ? " [interrupted]\n" : "\n", stdout);
+    std::fflush(stdout);
+    history.push_back({"assistant", reply});
+  }
+  std::fputs("\n", stdout);
+  return 0;
+}
+
+const minfer::cli::Register registration("chat", "interactive chat using the model's chat template", run_chat);
+
+}  // namespace
