@@ -9,13 +9,17 @@
 #include <vector>
 
 #include "gguf/gguf.h"
+#include "tokenizer/vocab.h"
 
 namespace minfer {
 
+// encode/decode may be called from several threads at once (the word cache is locked).
 class Tokenizer {
  public:
   // Throws minfer::Error for a missing/unknown tokenizer model or pre-tokenizer.
   static Tokenizer from_gguf(const gguf::File& file);
+  // From metadata already in memory (HF import); `source` names it in error messages.
+  static Tokenizer from_metadata(TokenizerMetadata meta, const std::string& source);
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
   ~Tokenizer();
@@ -35,6 +39,12 @@ class Tokenizer {
   const std::string& model_name() const;        // "gpt2" | "llama"
   const std::string& pre_name() const;          // tokenizer.ggml.pre
   std::string chat_template() const;            // tokenizer.chat_template, "" when absent
+  const TokenizerMetadata& metadata() const;
+
+  // Appends the text of one token as decode() renders it inside a sequence; `at_text_start`
+  // (true before the first token) lets SentencePiece drop the space prefix it added when
+  // encoding. decode() and StreamDecoder share this so that they always agree.
+  void append_piece(int32_t id, std::string& out, bool& at_text_start) const;
 
  private:
   struct Impl;
@@ -48,10 +58,12 @@ class StreamDecoder {
   explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
   std::string push(int32_t id);  // complete characters ready so far
   std::string flush();           // whatever is left (invalid bytes as U+FFFD)
+  // Output equals decode(ids) wherever that is valid UTF-8; invalid bytes become U+FFFD.
 
  private:
   const Tokenizer& tok_;
   std::string pending_;
+  bool at_text_start_ = true;
 };
 
 }  // namespace minfer
