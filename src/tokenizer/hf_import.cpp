@@ -197,6 +197,12 @@ TokenizerMetadata import_hf_tokenizer(const std::string& dir, int pad_to_vocab) 
   } catch (const json::exception& e) {
     fail(source, ": unexpected structure: ", e.what());
   }
+  // Newer transformers save the template beside the config instead of inside it.
+  const fs::path template_path = fs::path(dir) / "chat_template.jinja";
+  if (meta.chat_template.empty() && fs::is_regular_file(template_path)) {
+    std::ifstream in(template_path, std::ios::binary);
+    meta.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
   meta.add_space_prefix = false;
   pad_tokenizer_vocab(meta, pad_to_vocab, source);
   validate_tokenizer_metadata(meta, source);

@@ -1,0 +1,654 @@
+// The CUDA backend's kernels: norms, elementwise, quantize, rope / KV cache, the decode
+// matrix-vector kernel (MMVQ) with its fused epilogues, split-K decode attention and argmax.
+#include <cfloat>
+
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/quant_device.cuh"
+#include "util/error.h"
+
+namespace minfer::cuda {
+
+static void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail("CUDA kernel ", what, ": ", cudaGetErrorString(e));
+}
+
+bool cuda_supports_weight_type(GgmlType t) {
+  switch (t) {
+    case GgmlType::F32: case GgmlType::F16: case GgmlType::BF16: case GgmlType::Q4_0:
+    case GgmlType::Q4_1: case GgmlType::Q5_0: case GgmlType::Q5_1: case GgmlType::Q8_0:
+    case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---- rms_norm (+ fused pad40 epilogue) ----------------------------------------------------------
+constexpr int kNormThreads = 512;
+
+__device__ __forceinline__ float block_sum(float v, float* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < int(blockDim.x / 32) ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) red[0] = v;
+  }
+  __syncthreads();
+  const float r = red[0];
+  __syncthreads();
+  return r;
+}
+
+// One block per normalised row (a token row, or one head when group > 0).
+__global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
+                                float* __restrict__ out, int ld_out, int width, int group,
+                                float eps, uint8_t* __restrict__ q8) {
+  __shared__ float red[32];
+  const int per_row = width / group;
+  const int row = blockIdx.x / per_row, part = blockIdx.x % per_row;
+  const float* xr = x + size_t(row) * ld_x + size_t(part) * group;
+  float* yr = out + size_t(row) * ld_out + size_t(part) * group;
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < group; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+  ss = block_sum(ss, red);
+  const float scale = rsqrtf(ss / float(group) + eps);
+  for (int i = threadIdx.x; i < group; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+  if (q8 == nullptr) return;
+  // Epilogue: the whole row is written (barrier), each thread re-reads its blocks L1-hot.
+  __syncthreads();
+  uint8_t* qr = q8 + size_t(row) * pad40_row_bytes(width);
+  for (int b = threadIdx.x; b < width / 32; b += blockDim.x)
+    quantize_pad40_block(yr + 32 * b, qr + size_t(b) * kPad40Bytes);
+}
+
+void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
+                     int width, int group, float eps, uint8_t* q8, cudaStream_t s) {
+  if (group <= 0) group = width;
+  if (q8 && (group != width || width % 32 != 0)) fail("rms_norm: fused quantize needs whole rows");
+  const int blocks = n_rows * (width / group);
+  const int threads = group >= kNormThreads ? kNormThreads : ((group + 31) / 32) * 32;
+  rms_norm_kernel<<<blocks, threads, 0, s>>>(x, ld_x, w, out, ld_out, width, group, eps, q8);
+  check_launch("rms_norm");
+}
+
+// ---- swiglu (+ fused pad40 epilogue) ------------------------------------------------------------
+// REQUIRES 256 threads: block (bx, row) writes elements [256 bx, 256 bx + 256) of its row = pad40
+// blocks 8 bx .. 8 bx + 7, which its first 8 threads quantize after the barrier.
+__global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
+                              float* __restrict__ out, int width, uint8_t* __restrict__ q8) {
+  const int row = blockIdx.y;
+  const int i = blockIdx.x * 256 + threadIdx.x;
+  float* yr = out + size_t(row) * width;
+  if (i < width) yr[i] = silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]);
+  if (q8 == nullptr) return;
+  __syncthreads();
+  const int b = blockIdx.x * 8 + threadIdx.x;
+  if (threadIdx.x < 8 && b < width / 32)
+    quantize_pad40_block(yr + 32 * b, q8 + size_t(row) * pad40_row_bytes(width) + size_t(b) * kPad40Bytes);
+}
+
+void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
+                   uint8_t* q8, cudaStream_t s) {
+  if (q8 && width % 32 != 0) fail("swiglu: fused quantize needs width % 32 == 0");
+  swiglu_kernel<<<dim3((width + 255) / 256, n_rows), 256, 0, s>>>(gate, up, out, width, q8);
+  check_launch("swiglu");
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = a[i] + b[i];
+}
+
+void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
+  add_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(a, b, out, n);
+  check_launch("add");
+}
+
+// ---- standalone quantize: one thread per 32-block -------------------------------------------
+__global__ void quantize_pad40_kernel(const float* __restrict__ x, int ld_x, uint8_t* __restrict__ q8,
+                                      int n_rows, int width) {
+  const int nb = width / 32;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(n_rows) * nb) return;
+  const int row = int(i / nb), b = int(i % nb);
+  quantize_pad40_block(x + size_t(row) * ld_x + 32 * b, q8 + size_t(i) * kPad40Bytes);
+}
+
+void launch_quantize_pad40(const float* x, int ld_x, uint8_t* q8, int n_rows, int width,
+                           cudaStream_t s) {
+  if (width % 32 != 0) fail("quantize_pad40: width ", width, " is not a multiple of 32");
+  const int64_t n = int64_t(n_rows) * (width / 32);
+  quantize_pad40_kernel<<<unsigned((n + 127) / 128), 128, 0, s>>>(x, ld_x, q8, n_rows, width);
+  check_launch("quantize_pad40");
+}
+
+// ---- dequantize (embedding rows) -------------------------------------------------------------
+// Group g (32 elements) of row `row` into out[0..32).
+__device__ void dequant_group(const DevMat& m, int row, int g, float* out) {
+  const int cols = m.cols;
+  switch (m.type) {
+    case GgmlType::F32:
+      for (int l = 0; l < 32; ++l) out[l] = reinterpret_cast<const float*>(m.data)[size_t(row) * cols + 32 * g + l];
+      return;
+    case GgmlType::F16:
+    case GgmlType::BF16: {
+      const uint16_t* p = reinterpret_cast<const uint16_t*>(m.data) + size_t(row) * cols + 32 * g;
+      for (int l = 0; l < 32; ++l) out[l] = m.type == GgmlType::F16 ? h2f(p[l]) : bf2f(p[l]);
+      return;
+    }
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: {
+      const bool q5 = m.type == GgmlType::Q5_K;
+      const int j = g % 8;
+      const uint8_t* b = m.data + (size_t(row) * (cols / 256) + g / 8) * (q5 ? 176 : 144);
+      const uint4 h = *reinterpret_cast<const uint4*>(b);
+      int sc, mn;
+      k_scale_min(h, j, sc, mn);
+      const float d = h2f(uint16_t(h.x)) * float(sc), dm = h2f(uint16_t(h.x >> 16)) * float(mn);
+      const uint8_t* qs = b + (q5 ? 48 : 16) + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) {
+        int q = (qs[l] >> (4 * (j & 1))) & 0xF;
+        if (q5) q |= ((b[16 + l] >> j) & 1) << 4;
+        out[l] = d * float(q) - dm;
+      }
+      return;
+    }
+    case GgmlType::Q6_K: {
+      const uint8_t* b = m.data + (size_t(row) * (cols / 256) + g / 8) * 210;
+      const int j = g % 8, h = j / 4, k = j % 4;
+      const uint8_t* ql = b + 64 * h + 32 * (k & 1);
+      const uint8_t* qh = b + 128 + 32 * h;
+      const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+      const float d = h2f(uint16_t(b[208] | (b[209] << 8)));
+      for (int l = 0; l < 32; ++l) {
+        const int q = (((ql[l] >> (4 * (k / 2))) & 0xF) | (((qh[l] >> (2 * k)) & 3) << 4)) - 32;
+        out[l] = d * float(sc[8 * h + 2 * k + l / 16]) * float(q);
+      }
+      return;
+    }
+    default: {  // 32-blocks: [f16 d][f16 m if _1][u32 qh if q5][qs]
+      const bool q8 = m.type == GgmlType::Q8_0;
+      const bool q5 = m.type == GgmlType::Q5_0 || m.type == GgmlType::Q5_1;
+      const bool mn = m.type == GgmlType::Q4_1 || m.type == GgmlType::Q5_1;
+      const int bytes = type_traits(m.type).type_size;
+      const uint8_t* b = m.data + (size_t(row) * (cols / 32) + g) * bytes;
+      const float d = h2f(uint16_t(b[0] | (b[1] << 8)));
+      const float mv = mn ? h2f(uint16_t(b[2] | (b[3] << 8))) : 0.0f;
+      const uint8_t* qhp = b + (mn ? 4 : 2);
+      const uint32_t qh = q5 ? uint32_t(qhp[0]) | uint32_t(qhp[1]) << 8 | uint32_t(qhp[2]) << 16 |
+                                   uint32_t(qhp[3]) << 24
+                             : 0u;
+      const uint8_t* qs = b + (mn ? 4 : 2) + (q5 ? 4 : 0);
+      if (q8) {
+        for (int l = 0; l < 32; ++l) out[l] = d * float(int8_t(qs[l]));
+        return;
+      }
+      const int offset = mn ? 0 : (q5 ? 16 : 8);
+      for (int l = 0; l < 32; ++l) {
+        int q = (qs[l % 16] >> (4 * (l / 16))) & 0xF;
+        if (q5) q |= ((qh >> l) & 1) << 4;
+        out[l] = mn ? d * float(q) + mv : d * float(q - offset);
+      }
+      return;
+    }
+  }
+}
+
+__global__ void dequantize_rows_kernel(DevMat m, const int32_t* rows, int row0, float* out) {
+  const int r = blockIdx.y;
+  const int row = rows ? rows[r] : row0 + r;
+  for (int g = threadIdx.x; g < m.cols / 32; g += blockDim.x) {
+    float v[32];
+    dequant_group(m, row, g, v);
+    float* o = out + size_t(r) * m.cols + 32 * g;
+    for (int l = 0; l < 32; ++l) o[l] = v[l];
+  }
+}
+
+void launch_embed(const DevMat& emb, const int32_t* tokens, float* out, int n_tokens,
+                  cudaStream_t s) {
+  dequantize_rows_kernel<<<dim3(1, n_tokens), 128, 0, s>>>(emb, tokens, 0, out);
+  check_launch("embed");
+}
+
+void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, cudaStream_t s) {
+  dequantize_rows_kernel<<<dim3(1, n_rows), 128, 0, s>>>(m, nullptr, row0, out);
+  check_launch("dequantize_rows");
+}
+
+// ---- argmax ------------------------------------------------------------------------------------
+__global__ void argmax_kernel(const float* __restrict__ x, int n, int32_t* result) {
+  __shared__ float best_v[32];
+  __shared__ int best_i[32];
+  float bv = -FLT_MAX;
+  int bi = n;  // n sorts after every real index
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = x[i];
+    if (v > bv) { bv = v; bi = i; }  // strided scan visits each thread's indices in order
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
+  __syncthreads();
+  if (warp == 0) {
+    bv = lane < int(blockDim.x / 32) ? best_v[lane] : -FLT_MAX;
+    bi = lane < int(blockDim.x / 32) ? best_i[lane] : n;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    if (lane == 0) *result = bi < n ? bi : 0;
+  }
+}
+
+void launch_argmax(const float* x, int n, int32_t* result, cudaStream_t s) {
+  argmax_kernel<<<1, 1024, 0, s>>>(x, n, result);
+  check_launch("argmax");
+}
+
+// ---- rope / kv -------------------------------------------------------------------------------
+__device__ __forceinline__ void rope_pair_index(int p, int hd, bool neox, int& r0, int& r1, int& j) {
+  const int half = hd / 2, head = p / half;
+  j = p % half;
+  if (neox) {
+    r0 = head * hd + j;
+    r1 = r0 + half;
+  } else {
+    r0 = head * hd + 2 * j;
+    r1 = r0 + 1;
+  }
+}
+
+__global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const int* pos) {
+  const int t = blockIdx.y;
+  const int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= n_heads * rp.head_dim / 2) return;
+  int r0, r1, j;
+  rope_pair_index(p, rp.head_dim, rp.neox, r0, r1, j);
+  float* row = x + size_t(t) * ld;
+  float a = row[r0], b = row[r1];
+  rope_rotate(a, b, *pos + t, rp.inv_freq[j]);
+  row[r0] = a;
+  row[r1] = b;
+}
+
+void launch_rope(float* x, int ld, int n_tokens, int n_heads, const RopeParams& rp,
+                 const int* pos, cudaStream_t s) {
+  const int pairs = n_heads * rp.head_dim / 2;
+  rope_kernel<<<dim3((pairs + 127) / 128, n_tokens), 128, 0, s>>>(x, ld, n_heads, rp, pos);
+  check_launch("rope");
+}
+
+__device__ __forceinline__ size_t kv_index(const KvLayer& kv, int r, int position) {
+  return size_t(position) * kv.n_kv_heads * kv.head_dim + r;
+}
+
+__global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, const int* pos) {
+  const int t = blockIdx.y;
+  const int width = kv.n_kv_heads * kv.head_dim;
+  const int r = blockIdx.x * blockDim.x + threadIdx.x;
+  if (r >= width) return;
+  const size_t at = kv_index(kv, r, *pos + t);
+  kv.k[at] = f2h(k[size_t(t) * width + r]);
+  kv.v[at] = f2h(v[size_t(t) * width + r]);
+}
+
+void launch_kv_append(const float* k, const float* v, int n_tokens, const KvLayer& kv,
+                      const int* pos, cudaStream_t s) {
+  const int width = kv.n_kv_heads * kv.head_dim;
+  kv_append_kernel<<<dim3((width + 127) / 128, n_tokens), 128, 0, s>>>(k, v, kv, pos);
+  check_launch("kv_append");
+}
+
+// ---- matrix-vector: warp per row pair, lanes stride over the row's units ----------------------
+constexpr int kMvWarps = 4;  // warps (= row pairs) per block
+constexpr int kMaxSegs = 3;
+constexpr int kMaxTokens = 8;  // tokens per launch of the multi-token (prefill fallback) form
+
+struct MatVecArgs {
+  MatSeg seg[kMaxSegs];
+  int first_block[kMaxSegs + 1];
+  int n_segs;
+  const uint8_t* act_q8;
+  int64_t act_q8_stride;
+  const float* act_f32;
+  int act_f32_stride;
+  int n_tokens;
+  MatVecExtra extra;
+};
+
+template <typename Unit>
+__device__ __forceinline__ int units_per_row(int cols) {
+  return Unit::kPerBlock == 4 ? cols / 256 * 4 : cols / 32;
+}
+
+// Dot of rows r0 and r1 (when valid) with NT token rows; per row the units are summed in the
+// order u = lane, lane + 32, ..., then the shuffle tree: independent of which rows share a warp.
+template <typename Unit, int NT>
+__device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, bool has_r1,
+                                            const uint8_t* act, int64_t act_stride, int nt,
+                                            float (&acc)[2][NT]) {
+  const int n_units = units_per_row<Unit>(m.cols);
+  // unrolled so the next units' weight loads are in flight while this one's dots run
+#pragma unroll 2
+  for (int u = threadIdx.x % 32; u < n_units; u += 32) {
+    Unit w0, w1;
+    w0.load(m, r0, u);
+    if (has_r1) w1.load(m, r1, u);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < nt) {
+        acc[0][t] += w0.dot(act + t * act_stride, u);
+        if (has_r1) acc[1][t] += w1.dot(act + t * act_stride, u);
+      }
+    }
+  }
+}
+
+template <GgmlType T, int NT>
+__device__ __forceinline__ void pair_dot_f32(const DevMat& m, int r0, int r1, bool has_r1,
+                                             const float* act, int act_stride, int nt,
+                                             float (&acc)[2][NT]) {
+  const int n_units = m.cols / 8;
+#pragma unroll 2
+  for (int u = threadIdx.x % 32; u < n_units; u += 32) {
+    UnitFloat<T> w0, w1;
+    w0.load(m, r0, u);
+    if (has_r1) w1.load(m, r1, u);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      if (t < nt) {
+        acc[0][t] += w0.dot(act + size_t(t) * act_stride);
+        if (has_r1) acc[1][t] += w1.dot(act + size_t(t) * act_stride);
+      }
+    }
+  }
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_constant__ MatVecArgs a) {
+  int si = 0;
+  while (si + 1 < a.n_segs && int(blockIdx.x) >= a.first_block[si + 1]) ++si;
+  const MatSeg& seg = a.seg[si];
+  const DevMat& m = seg.w;
+  const int p = (int(blockIdx.x) - a.first_block[si]) * kMvWarps + int(threadIdx.x / 32);
+  const bool roped = seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK;
+  int r0, r1, j = 0;
+  if (roped) {
+    if (p >= m.rows / 2) return;
+    rope_pair_index(p, a.extra.rope.head_dim, a.extra.rope.neox, r0, r1, j);
+  } else {
+    r0 = 2 * p;
+    r1 = r0 + 1;
+    if (r0 >= m.rows) return;
+  }
+  const bool has_r1 = r1 < m.rows;
+  float acc[2][NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.0f;
+  const int nt = a.n_tokens;
+  switch (m.type) {
+    case GgmlType::Q4_K: pair_dot_q8<UnitQK45<false>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q5_K: pair_dot_q8<UnitQK45<true>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q6_K: pair_dot_q8<UnitQ6K, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q8_0: pair_dot_q8<Unit32<GgmlType::Q8_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q4_0: pair_dot_q8<Unit32<GgmlType::Q4_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q4_1: pair_dot_q8<Unit32<GgmlType::Q4_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q5_0: pair_dot_q8<Unit32<GgmlType::Q5_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q5_1: pair_dot_q8<Unit32<GgmlType::Q5_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::F32: pair_dot_f32<GgmlType::F32, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
+    case GgmlType::F16: pair_dot_f32<GgmlType::F16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
+    case GgmlType::BF16: pair_dot_f32<GgmlType::BF16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
+    default: return;
+  }
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    for (int o = 16; o > 0; o >>= 1) {
+      acc[0][t] += __shfl_xor_sync(0xffffffffu, acc[0][t], o);
+      acc[1][t] += __shfl_xor_sync(0xffffffffu, acc[1][t], o);
+    }
+  }
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    if (t >= nt || lane != t) continue;
+    float v0 = acc[0][t], v1 = acc[1][t];
+    if (seg.bias) {
+      v0 += seg.bias[r0];
+      if (has_r1) v1 += seg.bias[r1];
+    }
+    const size_t o = size_t(t) * seg.ld_out;
+    if (seg.residual) {
+      v0 += seg.residual[o + r0];
+      if (has_r1) v1 += seg.residual[o + r1];
+    }
+    switch (seg.epi) {
+      case Epilogue::Store:
+        seg.out[o + r0] = v0;
+        if (has_r1) seg.out[o + r1] = v1;
+        break;
+      case Epilogue::RopeQ:
+        rope_rotate(v0, v1, *a.extra.pos + t, a.extra.rope.inv_freq[j]);
+        seg.out[o + r0] = v0;
+        seg.out[o + r1] = v1;
+        break;
+      case Epilogue::RopeK: {
+        rope_rotate(v0, v1, *a.extra.pos + t, a.extra.rope.inv_freq[j]);
+        const int position = *a.extra.pos + t;
+        a.extra.kv.k[kv_index(a.extra.kv, r0, position)] = f2h(v0);
+        a.extra.kv.k[kv_index(a.extra.kv, r1, position)] = f2h(v1);
+        break;
+      }
+      case Epilogue::StoreV: {
+        const int position = *a.extra.pos + t;
+        a.extra.kv.v[kv_index(a.extra.kv, r0, position)] = f2h(v0);
+        if (has_r1) a.extra.kv.v[kv_index(a.extra.kv, r1, position)] = f2h(v1);
+        break;
+      }
+    }
+  }
+}
+
+void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
+                   const float* act_f32, int act_f32_stride, int n_tokens,
+                   const MatVecExtra& extra, cudaStream_t s) {
+  if (n_segs < 1 || n_segs > kMaxSegs) fail("matvec: ", n_segs, " segments (1..3 supported)");
+  for (int t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
+    const int nt = n_tokens - t0 < kMaxTokens ? n_tokens - t0 : kMaxTokens;
+    MatVecArgs a{};
+    a.n_segs = n_segs;
+    int blocks = 0;
+    for (int i = 0; i < n_segs; ++i) {
+      a.seg[i] = segs[i];
+      if (a.seg[i].residual) a.seg[i].residual += size_t(t0) * segs[i].ld_out;
+      if (a.seg[i].out) a.seg[i].out += size_t(t0) * segs[i].ld_out;
+      a.first_block[i] = blocks;
+      const int pairs = (segs[i].w.rows + 1) / 2;
+      blocks += (pairs + kMvWarps - 1) / kMvWarps;
+    }
+    a.first_block[n_segs] = blocks;
+    a.act_q8 = act_q8 ? act_q8 + t0 * act_q8_stride : nullptr;
+    a.act_q8_stride = act_q8_stride;
+    a.act_f32 = act_f32 ? act_f32 + size_t(t0) * act_f32_stride : nullptr;
+    a.act_f32_stride = act_f32_stride;
+    a.n_tokens = nt;
+    a.extra = extra;
+    if (t0 > 0 && extra.pos) fail("matvec: fused rope/KV epilogues take one token per launch");
+    if (nt == 1)
+      matvec_kernel<1><<<blocks, kMvWarps * 32, 0, s>>>(a);
+    else
+      matvec_kernel<kMaxTokens><<<blocks, kMvWarps * 32, 0, s>>>(a);
+    check_launch("matvec");
+  }
+}
+
+// ---- attention: split-K over the KV length, all q heads of a KV group in one block -------------
+// grid (n_kv_heads, n_splits, n_tokens), HD threads. Each block walks its slice of positions in
+// tiles of HD: thread i scores position i of the tile against the group's G q heads (the K row
+// is read once for all G), an online softmax per head, then thread d accumulates dim d of V for
+// all G heads. Partial (acc, max, sum) per split go to the workspace; attn_combine merges them.
+template <int HD, int MAXG>
+__global__ void __launch_bounds__(HD) attn_split_kernel(const AttnParams p) {
+  __shared__ float q_s[MAXG][HD];
+  __shared__ float score[MAXG][HD];
+  __shared__ float m_s[MAXG], l_s[MAXG], corr_s[MAXG];
+  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
+  const int G = p.n_head / p.kv.n_kv_heads;
+  const int len = *p.pos + t + 1;
+  const int chunk = (len + p.n_splits - 1) / p.n_splits;
+  const int start = split * chunk, end = min(len, start + chunk);
+  const float scale = rsqrtf(float(HD));
+  const int qw = p.n_head * HD;
+#pragma unroll
+  for (int h = 0; h < MAXG; ++h)
+    if (h < G) q_s[h][tid] = p.q[size_t(t) * qw + (kvh * G + h) * HD + tid] * scale;
+  if (tid < MAXG) {
+    m_s[tid] = -INFINITY;
+    l_s[tid] = 0.0f;
+  }
+  float acc[MAXG];
+#pragma unroll
+  for (int h = 0; h < MAXG; ++h) acc[h] = 0.0f;
+  __syncthreads();
+  const int ld_kv = p.kv.n_kv_heads * HD;
+  const uint16_t* kbase = p.kv.k + size_t(kvh) * HD;
+  const uint16_t* vbase = p.kv.v + size_t(kvh) * HD;
+  const int warp = tid / 32, lane = tid % 32;
+  for (int tile = start; tile < end; tile += HD) {
+    const int position = tile + tid;
+    float s[MAXG];
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h) s[h] = 0.0f;
+    if (position < end) {
+      const uint8_t* krow = reinterpret_cast<const uint8_t*>(kbase + size_t(position) * ld_kv);
+      for (int c = 0; c < HD / 8; ++c) {
+        const uint4 kv8 = ld16(krow + 16 * c);
+        const uint32_t w[4] = {kv8.x, kv8.y, kv8.z, kv8.w};
+        float k[8];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          k[2 * i] = h2f(uint16_t(w[i]));
+          k[2 * i + 1] = h2f(uint16_t(w[i] >> 16));
+        }
+#pragma unroll
+        for (int h = 0; h < MAXG; ++h) {
+          if (h < G) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) s[h] = fmaf(q_s[h][8 * c + i], k[i], s[h]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h)
+      if (h < G) score[h][tid] = position < end ? s[h] : -INFINITY;
+    __syncthreads();
+    for (int h = warp; h < G; h += HD / 32) {
+      float mx = -INFINITY;
+      for (int i = lane; i < HD; i += 32) mx = fmaxf(mx, score[h][i]);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_new = fmaxf(m_s[h], mx);
+      float sum = 0.0f;
+      for (int i = lane; i < HD; i += 32) {
+        const float e = expf(score[h][i] - m_new);
+        score[h][i] = e;
+        sum += e;
+      }
+      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      if (lane == 0) {
+        const float corr = expf(m_s[h] - m_new);
+        corr_s[h] = corr;
+        l_s[h] = l_s[h] * corr + sum;
+        m_s[h] = m_new;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < MAXG; ++h)
+      if (h < G) acc[h] *= corr_s[h];
+    const int n_valid = min(HD, end - tile);
+    const uint16_t* vcol = vbase + size_t(tile) * ld_kv + tid;
+    for (int i = 0; i < n_valid; ++i) {
+      const float v = h2f(vcol[size_t(i) * ld_kv]);
+#pragma unroll
+      for (int h = 0; h < MAXG; ++h)
+        if (h < G) acc[h] = fmaf(score[h][i], v, acc[h]);
+    }
+    __syncthreads();
+  }
+  // partial layout: [t][q head][split] x (HD acc, then m, l in a separate array)
+  float* part_acc = p.part;
+  float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
+#pragma unroll
+  for (int h = 0; h < MAXG; ++h) {
+    if (h >= G) break;
+    const size_t idx = (size_t(t) * p.n_head + kvh * G + h) * p.n_splits + split;
+    part_acc[idx * HD + tid] = acc[h];
+    if (tid == 0) {
+      part_ml[2 * idx] = m_s[h];
+      part_ml[2 * idx + 1] = l_s[h];
+    }
+  }
+}
+
+template <int HD>
+__global__ void attn_combine_kernel(const AttnParams p) {
+  const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+  const float* part_acc = p.part;
+  const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
+  const size_t base = (size_t(t) * p.n_head + qh) * p.n_splits;
+  float mx = -INFINITY;
+  for (int s = 0; s < p.n_splits; ++s)
+    if (part_ml[2 * (base + s) + 1] > 0.0f) mx = fmaxf(mx, part_ml[2 * (base + s)]);
+  float num = 0.0f, den = 0.0f;
+  for (int s = 0; s < p.n_splits; ++s) {
+    const float l = part_ml[2 * (base + s) + 1];
+    if (l <= 0.0f) continue;
+    const float w = expf(part_ml[2 * (base + s)] - mx);
+    den += l * w;
+    num += part_acc[(base + s) * HD + tid] * w;
+  }
+  p.out[size_t(t) * p.n_head * HD + qh * HD + tid] = num / den;
+}
+
+int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits) {
+  return int64_t(n_tokens) * n_head * n_splits * (head_dim + 2);
+}
+
+template <int HD>
+static void launch_attention_hd(const AttnParams& p, cudaStream_t s) {
+  const int G = p.n_head / p.kv.n_kv_heads;
+  const dim3 grid(p.kv.n_kv_heads, p.n_splits, p.n_tokens);
+  if (G <= 4)
+    attn_split_kernel<HD, 4><<<grid, HD, 0, s>>>(p);
+  else if (G <= 8)
+    attn_split_kernel<HD, 8><<<grid, HD, 0, s>>>(p);
+  else if (G <= 16)
+    attn_split_kernel<HD, 16><<<grid, HD, 0, s>>>(p);
+  else
+    fail("attention: ", G, " query heads per KV head (at most 16 supported)");
+  check_launch("attention");
+  attn_combine_kernel<HD><<<dim3(p.n_head, p.n_tokens), HD, 0, s>>>(p);
+  check_launch("attention combine");
+}
+
+void launch_attention(const AttnParams& p, cudaStream_t s) {
+  if (p.n_head % p.kv.n_kv_heads != 0) fail("attention: n_head ", p.n_head, " % n_kv ", p.kv.n_kv_heads);
+  switch (p.kv.head_dim) {
+    case 64: launch_attention_hd<64>(p, s); break;
+    case 128: launch_attention_hd<128>(p, s); break;
+    case 256: launch_attention_hd<256>(p, s); break;
+    default: fail("attention: head_dim ", p.kv.head_dim, " (64, 128 or 256 supported)");
+  }
+}
+
+}  // namespace minfer::cuda

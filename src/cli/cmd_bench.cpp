@@ -1,0 +1,306 @@
+// minfer bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [-r 5] [-o md|json|csv] [--census]
+//              [--sweep FILE.csv]
+// llama-bench's table (model, size, params, backend, test, t/s mean ± sd) plus tg's share of the
+// memory roofline: bytes one decode step reads / the device-to-device copy rate measured here.
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "backend/backend.h"
+#include "cli/command.h"
+#include "cli/common.h"
+#include "graph/graph.h"
+#include "util/error.h"
+#ifdef MINFER_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace minfer::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Row {
+  std::string test;
+  int depth = 0;
+  bool is_tg = false;
+  int n = 0;
+  std::vector<double> tps;
+  double mean() const {
+    double s = 0;
+    for (double v : tps) s += v;
+    return s / double(tps.size());
+  }
+  double sd() const {
+    if (tps.size() < 2) return 0;
+    const double m = mean();
+    double s = 0;
+    for (double v : tps) s += (v - m) * (v - m);
+    return std::sqrt(s / double(tps.size() - 1));
+  }
+};
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(std::stoi(item));
+  return out;
+}
+
+std::string file_type_label(const Model& m) {
+  switch (m.file.get_int("general.file_type", -1)) {
+    case 0: return "F32";
+    case 1: return "F16";
+    case 7: return "Q8_0";
+    case 15: return "Q4_K - Medium";
+    case 17: return "Q5_K - Medium";
+    case 18: return "Q6_K";
+    case 32: return "BF16";
+    default: return "?";
+  }
+}
+
+std::string params_label(int64_t n) {
+  char buf[32];
+  if (n >= 1000000000)
+    std::snprintf(buf, sizeof buf, "%.0fB", double(n) / 1e9);
+  else
+    std::snprintf(buf, sizeof buf, "%.0fM", double(n) / 1e6);
+  return buf;
+}
+
+class Bench {
+ public:
+  Bench(const Model& model, Backend& backend, int ubatch, uint64_t seed)
+      : model_(model), backend_(backend), ubatch_(ubatch), rng_(seed) {}
+
+  std::vector<int32_t> tokens(int n) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    for (auto& x : t) x = int32_t(rng_() % uint64_t(model_.hp.n_vocab));
+    return t;
+  }
+  // Prompt processing of n tokens at pos in ubatch chunks; returns seconds.
+  double prompt(int n, int pos) {
+    const auto t = tokens(n);
+    std::vector<float> logits;
+    const auto t0 = Clock::now();
+    for (int b = 0; b < n; b += ubatch_) {
+      const int m = std::min(ubatch_, n - b);
+      backend_.forward({std::span<const int32_t>(t).subspan(size_t(b), size_t(m)), pos + b, false}, logits);
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  // n greedy decode steps from pos; returns seconds.
+  double generate(int n, int pos) {
+    int32_t tok = tokens(1)[0];
+    const auto t0 = Clock::now();
+    for (int i = 0; i < n; ++i) {
+      const int32_t in[1] = {tok};
+      tok = backend_.forward_greedy({in, pos + i, false});
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+
+ private:
+  const Model& model_;
+  Backend& backend_;
+  int ubatch_;
+  std::mt19937_64 rng_;
+};
+
+void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, const std::string& title) {
+  std::vector<const Row*> tg;
+  for (const Row& r : rows)
+    if (r.is_tg) tg.push_back(&r);
+  std::ofstream csv(csv_path);
+  if (!csv) fail("cannot write ", csv_path);
+  csv << "depth,tg_tokens,tps_mean,tps_sd\n";
+  for (const Row* r : tg) csv << r->depth << "," << r->n << "," << r->mean() << "," << r->sd() << "\n";
+  std::string svg_path = csv_path;
+  const size_t dot = svg_path.rfind('.');
+  svg_path = (dot == std::string::npos ? svg_path : svg_path.substr(0, dot)) + ".svg";
+  std::ofstream svg(svg_path);
+  if (!svg) fail("cannot write ", svg_path);
+  const double W = 640, H = 400, L = 60, R = 20, T = 40, B = 50;
+  double max_d = 1, max_t = 1;
+  for (const Row* r : tg) {
+    max_d = std::max(max_d, double(r->depth));
+    max_t = std::max(max_t, r->mean() * 1.1);
+  }
+  auto X = [&](double d) { return L + (W - L - R) * d / max_d; };
+  auto Y = [&](double t) { return H - B - (H - T - B) * t / max_t; };
+  svg << "<svg xmlns='http://www.w3.org/2000/svg' width='" << W << "' height='" << H
+      << "' font-family='sans-serif' font-size='12'>\n<rect width='100%' height='100%' fill='white'/>\n"
+      << "<text x='" << W / 2 << "' y='20' text-anchor='middle'>" << title << ": decode t/s vs depth</text>\n"
+      << "<line x1='" << L << "' y1='" << H - B << "' x2='" << W - R << "' y2='" << H - B << "' stroke='black'/>\n"
+      << "<line x1='" << L << "' y1='" << T << "' x2='" << L << "' y2='" << H - B << "' stroke='black'/>\n"
+      << "<text x='" << W / 2 << "' y='" << H - 10 << "' text-anchor='middle'>depth (tokens in the KV cache)</text>\n"
+      << "<text x='15' y='" << H / 2 << "' transform='rotate(-90 15 " << H / 2 << ")' text-anchor='middle'>tokens/s</text>\n";
+  for (int i = 0; i <= 4; ++i) {
+    const double t = max_t * i / 4, d = max_d * i / 4;
+    svg << "<text x='" << L - 5 << "' y='" << Y(t) + 4 << "' text-anchor='end'>" << int(t) << "</text>\n"
+        << "<text x='" << X(d) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << int(d) << "</text>\n";
+  }
+  svg << "<polyline fill='none' stroke='steelblue' stroke-width='2' points='";
+  for (const Row* r : tg) svg << X(r->depth) << "," << Y(r->mean()) << " ";
+  svg << "'/>\n";
+  for (const Row* r : tg)
+    svg << "<circle cx='" << X(r->depth) << "' cy='" << Y(r->mean()) << "' r='3' fill='steelblue'/>\n";
+  svg << "</svg>\n";
+  std::fprintf(stderr, "bench: wrote %s and %s\n", csv_path.c_str(), svg_path.c_str());
+}
+
+int run_bench(int argc, char** argv) {
+  CLI::App app{"Throughput of prompt processing (pp) and generation (tg), llama-bench style"};
+  std::string model_path, p_list = "512", n_list = "128", d_list = "0", output = "md", sweep,
+              backend_name = "auto";
+  int reps = 5, ubatch = 512;
+  bool census = false;
+  app.add_option("-m,--model", model_path, "GGUF model (default: the embedded default model)");
+  app.add_option("-p,--n-prompt", p_list, "prompt lengths, comma separated (0: none)");
+  app.add_option("-n,--n-gen", n_list, "generation lengths, comma separated (0: none)");
+  app.add_option("-d,--n-depth", d_list, "KV-cache depths to run each test at, comma separated");
+  app.add_option("-r,--repetitions", reps, "repetitions of each test")->check(CLI::Range(1, 1000));
+  app.add_option("-o,--output", output, "md | json | csv")->check(CLI::IsMember({"md", "json", "csv"}));
+  app.add_option("-b,-u,--ubatch-size", ubatch, "tokens per forward call")->check(CLI::Range(1, 65536));
+  app.add_option("--backend", backend_name, "cuda | cpu | auto");
+  app.add_flag("--census", census, "list the kernels of one decode step (CUDA)");
+  app.add_option("--sweep", sweep, "write tg t/s against depth to this CSV and an SVG beside it");
+  CLI11_PARSE(app, argc, argv);
+  const std::vector<int> ps = parse_list(p_list), ns = parse_list(n_list), ds = parse_list(d_list);
+  if (ds.empty()) fail("bench: -d needs at least one depth");
+
+  const auto t_load = Clock::now();
+  const Model model = Model::load(resolve_model_path(model_path));
+  const Graph graph = build_graph(model);
+  const bool use_cuda = backend_name == "cuda" || (backend_name == "auto" && cuda_available());
+  std::unique_ptr<Backend> backend = use_cuda ? make_cuda_backend(model, graph)
+                                              : make_cpu_backend(model, graph, 0);
+  int max_p = ubatch, max_n = 1, max_d = 0;
+  for (int p : ps) max_p = std::max(max_p, p);
+  for (int n : ns) max_n = std::max(max_n, n);
+  for (int d : ds) max_d = std::max(max_d, d);
+  const int n_ctx = max_d + std::max(max_p, max_n) + 1;
+  backend->reserve(n_ctx, ubatch);
+  const double ready_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+
+  double copy_rate = 0;
+  std::string device = "cpu";
+#ifdef MINFER_HAVE_CUDA
+  if (use_cuda) {
+    copy_rate = cuda::measure_copy_bandwidth();
+    device = cuda::device_name();
+    const auto& st = static_cast<cuda::CudaBackend&>(*backend).load_stats();
+    std::fprintf(stderr,
+                 "bench: %s ready in %.2f s (weights %.2f GB uploaded in %.2f s = %.1f GB/s; KV %.2f GB; "
+                 "workspace %.2f GB); copy rate %.0f GB/s\n",
+                 device.c_str(), ready_s, double(st.weight_bytes) / 1e9, st.upload_seconds,
+                 double(st.weight_bytes) / 1e9 / std::max(st.upload_seconds, 1e-9), double(st.kv_bytes) / 1e9,
+                 double(st.workspace_bytes) / 1e9, copy_rate / 1e9);
+  }
+#endif
+  const double bytes_per_token = double(model.bytes_read_per_token());
+
+  Bench bench(model, *backend, backend->max_batch(), 1234);
+  std::vector<Row> rows;
+  for (int d : ds) {
+    if (d > 0) bench.prompt(d, 0);  // fill the cache to the depth once; tests run from there
+    const std::string at = d > 0 ? " @ d" + std::to_string(d) : "";
+    for (int p : ps) {
+      if (p <= 0) continue;
+      Row r{"pp" + std::to_string(p) + at, d, false, p, {}};
+      bench.prompt(p, d);  // warm-up
+      for (int i = 0; i < reps; ++i) r.tps.push_back(p / bench.prompt(p, d));
+      rows.push_back(r);
+      std::fprintf(stderr, "bench: %-16s %10.2f t/s\n", r.test.c_str(), r.mean());
+    }
+    for (int n : ns) {
+      if (n <= 0) continue;
+      Row r{"tg" + std::to_string(n) + at, d, true, n, {}};
+      bench.generate(std::min(n, 8), d);  // warm-up (captures the decode graph)
+      for (int i = 0; i < reps; ++i) r.tps.push_back(n / bench.generate(n, d));
+      rows.push_back(r);
+      std::fprintf(stderr, "bench: %-16s %10.2f t/s\n", r.test.c_str(), r.mean());
+    }
+  }
+
+  const std::string model_label =
+      model.hp.arch_name + " " + params_label(model.n_params()) + " " + file_type_label(model);
+  char size_label[32], params_buf[32];
+  std::snprintf(size_label, sizeof size_label, "%.2f GiB", double(model.file.file_size()) / (1 << 30));
+  std::snprintf(params_buf, sizeof params_buf, "%.2f B", double(model.n_params()) / 1e9);
+  const std::string backend_label = use_cuda ? "CUDA" : "CPU";
+  auto roofline = [&](const Row& r) -> std::string {
+    if (!r.is_tg || copy_rate <= 0) return "";
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f%%", 100.0 * r.mean() * bytes_per_token / copy_rate);
+    return b;
+  };
+  if (output == "md") {
+    std::printf("| model | size | params | backend | test | t/s | tg roofline |\n");
+    std::printf("| --- | ---: | ---: | --- | --- | ---: | ---: |\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %s | %s | %s | %s | %.2f ± %.2f | %s |\n", model_label.c_str(), size_label,
+                  params_buf, backend_label.c_str(), r.test.c_str(), r.mean(), r.sd(),
+                  roofline(r).c_str());
+    if (copy_rate > 0)
+      std::printf("\nroofline: %.3f GB read per token / %.0f GB/s device copy rate = %.1f t/s ceiling; "
+                  "ready in %.2f s\n", bytes_per_token / 1e9, copy_rate / 1e9, copy_rate / bytes_per_token,
+                  ready_s);
+  } else if (output == "csv") {
+    std::printf("model,size_bytes,params,backend,test,depth,tps_mean,tps_sd,roofline_share\n");
+    for (const Row& r : rows)
+      std::printf("\"%s\",%llu,%lld,%s,%s,%d,%.3f,%.3f,%s\n", model_label.c_str(),
+                  (unsigned long long)model.file.file_size(), (long long)model.n_params(),
+                  backend_label.c_str(), r.test.c_str(), r.depth, r.mean(), r.sd(),
+                  r.is_tg && copy_rate > 0 ? std::to_string(r.mean() * bytes_per_token / copy_rate).c_str() : "");
+  } else {
+    std::printf("[\n");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const Row& r = rows[i];
+      std::printf("  {\"model\": \"%s\", \"size\": %llu, \"params\": %lld, \"backend\": \"%s\", "
+                  "\"test\": \"%s\", \"depth\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
+                  "\"roofline_share\": %s, \"copy_rate_bytes_per_s\": %.0f}%s\n",
+                  model_label.c_str(), (unsigned long long)model.file.file_size(),
+                  (long long)model.n_params(), backend_label.c_str(), r.test.c_str(), r.depth,
+                  r.mean(), r.sd(),
+                  r.is_tg && copy_rate > 0 ? std::to_string(r.mean() * bytes_per_token / copy_rate).c_str() : "null",
+                  copy_rate, i + 1 < rows.size() ? "," : "");
+    }
+    std::printf("]\n");
+  }
+  if (!sweep.empty()) write_sweep(sweep, rows, model_label);
+
+  if (census) {
+#ifdef MINFER_HAVE_CUDA
+    if (!use_cuda) fail("bench: --census needs the CUDA backend");
+    auto& cb = static_cast<cuda::CudaBackend&>(*backend);
+    cb.census(1, ds.front());  // warm
+    const auto kernels = cb.census(1, ds.front());
+    double total = 0;
+    int launches = 0;
+    for (const auto& k : kernels) total += k.microseconds, launches += k.launches;
+    std::printf("\n| kernel (decode step @ d%d) | launches | µs | share |\n| --- | ---: | ---: | ---: |\n",
+                ds.front());
+    for (const auto& k : kernels)
+      std::printf("| %s | %d | %.1f | %.1f%% |\n", k.name.c_str(), k.launches, k.microseconds,
+                  100.0 * k.microseconds / total);
+    std::printf("| total | %d | %.1f | 100%% |\n", launches, total);
+#else
+    fail("bench: --census needs a build with CUDA");
+#endif
+  }
+  return 0;
+}
+
+const Register reg("bench", "prompt / generation throughput (llama-bench columns)", run_bench);
+
+}  // namespace
+}  // namespace minfer::cli

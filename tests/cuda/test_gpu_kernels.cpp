@@ -1,0 +1,417 @@
+// Every CUDA kernel against the CPU reference (src/quant, double-precision references) on fresh
+// random inputs; the fused epilogues against their unfused paths byte for byte.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "backend/cuda/kernels.h"
+#include "quant/quant.h"
+#include "gpu_support.h"
+#include "../support.h"
+#include "util/half.h"
+
+namespace minfer::test {
+namespace {
+
+using cuda::DevMat;
+
+std::vector<uint8_t> quantize_matrix(GgmlType t, const std::vector<float>& w, int rows, int cols) {
+  std::vector<uint8_t> out(row_bytes(t, cols) * size_t(rows));
+  for (int r = 0; r < rows; ++r)
+    quantize_row(t, w.data() + size_t(r) * cols, out.data() + row_bytes(t, cols) * size_t(r), cols);
+  return out;
+}
+
+std::vector<uint8_t> quantize_pad40_cpu(const std::vector<float>& x, int rows, int cols) {
+  std::vector<uint8_t> out(static_cast<size_t>(rows) * size_t(cuda::pad40_row_bytes(cols)));
+  for (int r = 0; r < rows; ++r)
+    quantize_row_pad40(x.data() + size_t(r) * cols,
+                       reinterpret_cast<BlockQ8Pad40*>(out.data() + size_t(r) * cuda::pad40_row_bytes(cols)), cols);
+  return out;
+}
+
+TEST(GpuKernels, QuantizePad40IsBitwiseTheCpuRule) {
+  MINFER_REQUIRE_GPU();
+  const int rows = 5, cols = 4096;
+  std::vector<float> x = random_normal(static_cast<size_t>(rows) * cols, 3.0f, 1);
+  for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = 0.0f;           // an all-zero block
+  for (int i = 0; i < 32; ++i) x[size_t(128 + i)] = 0.5f * float(i - 16);  // exact .5 ties
+  x[300] = 1e30f;
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<uint8_t> dq(static_cast<size_t>(rows) * size_t(cuda::pad40_row_bytes(cols)));
+  cuda::launch_quantize_pad40(dx.get(), cols, dq.get(), rows, cols, nullptr);
+  const auto gpu = dq.download();
+  const auto cpu = quantize_pad40_cpu(x, rows, cols);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  // the 2 pad bytes of each block are not part of the contract
+  for (size_t b = 0; b < gpu.size() / 40; ++b) {
+    const uint8_t* g = gpu.data() + 40 * b;
+    const uint8_t* c = cpu.data() + 40 * b;
+    ASSERT_EQ(std::memcmp(g, c, 2), 0) << "d of block " << b;
+    ASSERT_EQ(std::memcmp(g + 4, c + 4, 36), 0) << "quants/sum of block " << b;
+  }
+}
+
+double rms_ref(const float* x, const float* w, int n, int i, float eps) {
+  double ss = 0;
+  for (int k = 0; k < n; ++k) ss += double(x[k]) * x[k];
+  return double(x[i]) / std::sqrt(ss / n + eps) * w[i];
+}
+
+bool same_pad40(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size() / 40; ++i)
+    if (std::memcmp(a.data() + 40 * i, b.data() + 40 * i, 2) ||
+        std::memcmp(a.data() + 40 * i + 4, b.data() + 40 * i + 4, 36))
+      return false;
+  return true;
+}
+
+TEST(GpuKernels, RmsNormFusedQuantizeEqualsStandalone) {
+  MINFER_REQUIRE_GPU();
+  for (int width : {896, 3584, 5120}) {
+    const auto x = random_normal(static_cast<size_t>(width), 2.0f, 2 + uint64_t(width));
+    const auto w = random_normal(static_cast<size_t>(width), 1.0f, 3 + uint64_t(width));
+    DeviceBuffer<float> dx(x), dw(w), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
+    DeviceBuffer<uint8_t> q_fused(static_cast<size_t>(cuda::pad40_row_bytes(width))),
+        q_plain(static_cast<size_t>(cuda::pad40_row_bytes(width)));
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.get(), nullptr);
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_plain.get(), width, 1, width, 0, 1e-6f, nullptr, nullptr);
+    cuda::launch_quantize_pad40(y_plain.get(), width, q_plain.get(), 1, width, nullptr);
+    const auto yf = y_fused.download(), yp = y_plain.download();
+    ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0) << width;
+    ASSERT_TRUE(same_pad40(q_fused.download(), q_plain.download())) << width;
+    ASSERT_TRUE(same_pad40(q_fused.download(), quantize_pad40_cpu(yf, 1, width))) << width;
+    for (int i = 0; i < width; ++i)
+      ASSERT_NEAR(yf[size_t(i)], rms_ref(x.data(), w.data(), width, i, 1e-6f), 1e-5 * (1 + std::fabs(yf[size_t(i)])));
+  }
+}
+
+TEST(GpuKernels, RmsNormPerHeadGroups) {
+  MINFER_REQUIRE_GPU();
+  const int rows = 3, width = 512, group = 128;
+  const auto x = random_normal(static_cast<size_t>(rows * width), 1.0f, 4);
+  const auto w = random_normal(static_cast<size_t>(group), 1.0f, 5);
+  DeviceBuffer<float> dx(x), dw(w), dy(static_cast<size_t>(rows * width));
+  cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, rows, width, group, 1e-5f, nullptr, nullptr);
+  const auto y = dy.download();
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < width / group; ++h)
+      for (int i = 0; i < group; ++i) {
+        const float* xs = x.data() + size_t(r * width + h * group);
+        ASSERT_NEAR(y[size_t(r * width + h * group + i)], rms_ref(xs, w.data(), group, i, 1e-5f), 1e-5);
+      }
+}
+
+TEST(GpuKernels, SwigluFusedQuantizeEqualsStandalone) {
+  MINFER_REQUIRE_GPU();
+  for (int width : {4864, 18944, 13824}) {
+    const auto g = random_normal(static_cast<size_t>(width), 2.0f, 6), u = random_normal(static_cast<size_t>(width), 1.0f, 7);
+    DeviceBuffer<float> dg(g), du(u), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
+    DeviceBuffer<uint8_t> q_fused(static_cast<size_t>(cuda::pad40_row_bytes(width))),
+        q_plain(static_cast<size_t>(cuda::pad40_row_bytes(width)));
+    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), 1, width, q_fused.get(), nullptr);
+    cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), 1, width, nullptr, nullptr);
+    cuda::launch_quantize_pad40(y_plain.get(), width, q_plain.get(), 1, width, nullptr);
+    const auto yf = y_fused.download(), yp = y_plain.download();
+    ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0);
+    ASSERT_TRUE(same_pad40(q_fused.download(), q_plain.download()));
+    for (int i = 0; i < width; ++i) {
+      const double ref = double(g[size_t(i)]) / (1 + std::exp(-double(g[size_t(i)]))) * u[size_t(i)];
+      ASSERT_NEAR(yf[size_t(i)], ref, 1e-5 * (1 + std::fabs(ref)));
+    }
+  }
+}
+
+const GgmlType kWeightTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0,
+                                 GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                                 GgmlType::F16, GgmlType::BF16, GgmlType::F32};
+
+struct Mv {
+  std::vector<float> out;
+  std::vector<float> ref;  // CPU vec_dot_pad40 / vec_dot_f32
+  std::vector<double> mag; // sum |w_i x_i| per output, for the tolerance
+};
+
+Mv run_matvec(GgmlType t, int rows, int cols, int n_tokens, uint64_t salt) {
+  const auto wf = random_normal(static_cast<size_t>(rows) * cols, 0.5f, salt);
+  const auto x = random_normal(static_cast<size_t>(n_tokens) * cols, 1.0f, salt + 1);
+  const auto wq = quantize_matrix(t, wf, rows, cols);
+  const auto xq = quantize_pad40_cpu(x, n_tokens, cols);
+  DeviceBuffer<uint8_t> dw(wq), dxq(xq);
+  DeviceBuffer<float> dx(x), dout(static_cast<size_t>(n_tokens) * rows);
+  cuda::MatSeg seg;
+  seg.w = {t, rows, cols, dw.get()};
+  seg.out = dout.get();
+  seg.ld_out = rows;
+  cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(cols), dx.get(), cols, n_tokens, {}, nullptr);
+  Mv mv;
+  mv.out = dout.download();
+  std::vector<float> wrow(static_cast<size_t>(cols)), xd(static_cast<size_t>(cols));
+  for (int tk = 0; tk < n_tokens; ++tk) {
+    const auto* xb = reinterpret_cast<const BlockQ8Pad40*>(xq.data() + size_t(tk) * cuda::pad40_row_bytes(cols));
+    dequantize_row_pad40(xb, xd.data(), cols);
+    for (int r = 0; r < rows; ++r) {
+      const uint8_t* wr = wq.data() + row_bytes(t, cols) * size_t(r);
+      const bool quant = type_traits(t).quantized;
+      mv.ref.push_back(quant ? vec_dot_pad40(t, wr, xb, cols) : vec_dot_f32(t, wr, x.data() + size_t(tk) * cols, cols));
+      dequantize_row(t, wr, wrow.data(), cols);
+      double m = 0;
+      for (int i = 0; i < cols; ++i)
+        m += std::fabs(double(wrow[size_t(i)]) * (quant ? xd[size_t(i)] : x[size_t(tk) * cols + size_t(i)]));
+      mv.mag.push_back(m);
+    }
+  }
+  return mv;
+}
+
+TEST(GpuKernels, MatVecMatchesCpuDotForEveryType) {
+  MINFER_REQUIRE_GPU();
+  for (GgmlType t : kWeightTypes) {
+    for (int n_tokens : {1, 3, 11}) {
+      const int rows = 67, cols = 768;
+      const Mv mv = run_matvec(t, rows, cols, n_tokens, 20 + uint64_t(t));
+      for (size_t i = 0; i < mv.out.size(); ++i)
+        ASSERT_NEAR(mv.out[i], mv.ref[i], 2e-6 * mv.mag[i] + 1e-6)
+            << type_traits(t).name << " tokens " << n_tokens << " output " << i;
+    }
+  }
+}
+
+TEST(GpuKernels, MatVecMultiTokenIsBitwiseThePerTokenResult) {
+  MINFER_REQUIRE_GPU();
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16}) {
+    const int rows = 34, cols = 512, n = 5;
+    const auto wf = random_normal(static_cast<size_t>(rows) * cols, 0.5f, 40);
+    const auto x = random_normal(static_cast<size_t>(n) * cols, 1.0f, 41);
+    const auto wq = quantize_matrix(t, wf, rows, cols);
+    const auto xq = quantize_pad40_cpu(x, n, cols);
+    DeviceBuffer<uint8_t> dw(wq), dxq(xq);
+    DeviceBuffer<float> dx(x), all(static_cast<size_t>(n) * rows), one(static_cast<size_t>(n) * rows);
+    cuda::MatSeg seg;
+    seg.w = {t, rows, cols, dw.get()};
+    seg.out = all.get();
+    seg.ld_out = rows;
+    cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(cols), dx.get(), cols, n, {}, nullptr);
+    for (int tk = 0; tk < n; ++tk) {
+      seg.out = one.get() + size_t(tk) * rows;
+      cuda::launch_matvec(&seg, 1, dxq.get() + tk * cuda::pad40_row_bytes(cols), cuda::pad40_row_bytes(cols),
+                          dx.get() + size_t(tk) * cols, cols, 1, {}, nullptr);
+    }
+    const auto a = all.download(), b = one.download();
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << type_traits(t).name;
+  }
+}
+
+// With unit scales the float part of every dot is exact, so the GPU must hit the integer sum.
+TEST(GpuKernels, MatVecIntegerDotIsExact) {
+  MINFER_REQUIRE_GPU();
+  std::mt19937_64 rng(seed() + 50);
+  const int rows = 16, cols = 512;
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0,
+                     GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1}) {
+    const TypeTraits tt = type_traits(t);
+    std::vector<uint8_t> w(row_bytes(t, cols) * rows);
+    for (auto& b : w) b = uint8_t(rng());
+    const uint16_t one = f32_to_f16(1.0f);
+    for (size_t blk = 0; blk < w.size() / size_t(tt.type_size); ++blk) {
+      uint8_t* b = w.data() + blk * size_t(tt.type_size);
+      if (t == GgmlType::Q6_K) {
+        std::memcpy(b + 208, &one, 2);
+        for (int s = 0; s < 16; ++s) b[192 + s] = uint8_t(int8_t(int(rng() % 17) - 8));
+      } else {
+        std::memcpy(b, &one, 2);
+        if (t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q4_1 || t == GgmlType::Q5_1)
+          std::memcpy(b + 2, &one, 2);
+      }
+    }
+    // activations: integers with one +-127 per block, so d = 1 exactly and q = x
+    std::vector<float> x(static_cast<size_t>(cols));
+    for (int i = 0; i < cols; ++i) x[size_t(i)] = float(int(rng() % 5) - 2);
+    for (int b = 0; b < cols / 32; ++b) x[size_t(32 * b + int(rng() % 32))] = (rng() & 1) ? 127.0f : -127.0f;
+    const auto xq = quantize_pad40_cpu(x, 1, cols);
+    DeviceBuffer<uint8_t> dw(w), dxq(xq);
+    DeviceBuffer<float> dout(static_cast<size_t>(rows));
+    cuda::MatSeg seg;
+    seg.w = {t, rows, cols, dw.get()};
+    seg.out = dout.get();
+    seg.ld_out = rows;
+    cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(cols), nullptr, cols, 1, {}, nullptr);
+    const auto out = dout.download();
+    std::vector<float> wr(static_cast<size_t>(cols));
+    for (int r = 0; r < rows; ++r) {
+      dequantize_row(t, w.data() + row_bytes(t, cols) * size_t(r), wr.data(), cols);
+      double exact = 0;
+      for (int i = 0; i < cols; ++i) exact += double(wr[size_t(i)]) * x[size_t(i)];
+      ASSERT_EQ(double(out[size_t(r)]), exact) << tt.name << " row " << r;
+    }
+  }
+}
+
+TEST(GpuKernels, DequantizeRowsMatchesCpu) {
+  MINFER_REQUIRE_GPU();
+  for (GgmlType t : kWeightTypes) {
+    const int rows = 6, cols = 512;
+    const auto wf = random_normal(static_cast<size_t>(rows) * cols, 1.0f, 60);
+    const auto wq = quantize_matrix(t, wf, rows, cols);
+    DeviceBuffer<uint8_t> dw(wq);
+    DeviceBuffer<float> out(static_cast<size_t>(3) * cols);
+    cuda::launch_dequantize_rows({t, rows, cols, dw.get()}, 2, 3, out.get(), nullptr);
+    const auto g = out.download();
+    std::vector<float> ref(static_cast<size_t>(cols));
+    for (int r = 0; r < 3; ++r) {
+      dequantize_row(t, wq.data() + row_bytes(t, cols) * size_t(r + 2), ref.data(), cols);
+      for (int i = 0; i < cols; ++i)
+        ASSERT_NEAR(g[size_t(r * cols + i)], ref[size_t(i)], 1e-6 * (1 + std::fabs(ref[size_t(i)])))
+            << type_traits(t).name;
+    }
+  }
+}
+
+// The qkv launch's rope and KV-cache epilogues against matvec + rope kernel + kv_append.
+TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
+  MINFER_REQUIRE_GPU();
+  const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_ctx = 16;
+  const int qw = n_head * hd, kvw = n_kv * hd;
+  for (bool neox : {true, false}) {
+    const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
+    const int widths[3] = {qw, kvw, kvw};
+    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> bias;
+    for (int s = 0; s < 3; ++s) {
+      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
+          quantize_matrix(types[s], random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s)), widths[s], dim)));
+      bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
+    }
+    const auto x = random_normal(static_cast<size_t>(dim), 1.0f, 90);
+    DeviceBuffer<uint8_t> xq(quantize_pad40_cpu(x, 1, dim));
+    std::vector<float> inv(static_cast<size_t>(hd / 2));
+    for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e6, -2.0 * j / hd));
+    DeviceBuffer<float> dinv(inv);
+    DeviceBuffer<int> pos(std::vector<int>{11});
+    DeviceBuffer<uint16_t> k1(static_cast<size_t>(n_ctx * kvw)), v1(static_cast<size_t>(n_ctx * kvw)), k2(static_cast<size_t>(n_ctx * kvw)), v2(static_cast<size_t>(n_ctx * kvw));
+    DeviceBuffer<float> q1(static_cast<size_t>(qw)), q2(static_cast<size_t>(qw)), kf(static_cast<size_t>(kvw)), vf(static_cast<size_t>(kvw));
+    cuda::MatVecExtra extra;
+    extra.rope = {dinv.get(), hd, neox};
+    extra.pos = pos.get();
+    extra.kv = {k1.get(), v1.get(), n_ctx, n_kv, hd};
+    cuda::MatSeg segs[3];
+    const cuda::Epilogue epi[3] = {cuda::Epilogue::RopeQ, cuda::Epilogue::RopeK, cuda::Epilogue::StoreV};
+    float* outs[3] = {q1.get(), nullptr, nullptr};
+    for (int s = 0; s < 3; ++s) {
+      segs[s].w = {types[s], widths[s], dim, w[size_t(s)]->get()};
+      segs[s].bias = bias[size_t(s)]->get();
+      segs[s].out = outs[s];
+      segs[s].ld_out = widths[s];
+      segs[s].epi = epi[s];
+    }
+    cuda::launch_matvec(segs, 3, xq.get(), cuda::pad40_row_bytes(dim), nullptr, dim, 1, extra, nullptr);
+    // unfused
+    float* plain_outs[3] = {q2.get(), kf.get(), vf.get()};
+    for (int s = 0; s < 3; ++s) {
+      cuda::MatSeg seg = segs[s];
+      seg.epi = cuda::Epilogue::Store;
+      seg.out = plain_outs[s];
+      cuda::launch_matvec(&seg, 1, xq.get(), cuda::pad40_row_bytes(dim), nullptr, dim, 1, {}, nullptr);
+    }
+    cuda::launch_rope(q2.get(), qw, 1, n_head, extra.rope, pos.get(), nullptr);
+    cuda::launch_rope(kf.get(), kvw, 1, n_kv, extra.rope, pos.get(), nullptr);
+    cuda::launch_kv_append(kf.get(), vf.get(), 1, {k2.get(), v2.get(), n_ctx, n_kv, hd}, pos.get(), nullptr);
+    const auto a = q1.download(), b = q2.download();
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
+    const auto ka = k1.download(), kb = k2.download(), va = v1.download(), vb = v2.download();
+    ASSERT_EQ(std::memcmp(ka.data() + 11 * kvw, kb.data() + 11 * kvw, size_t(kvw) * 2), 0);
+    ASSERT_EQ(std::memcmp(va.data() + 11 * kvw, vb.data() + 11 * kvw, size_t(kvw) * 2), 0);
+  }
+}
+
+TEST(GpuKernels, RopeMatchesDoubleReference) {
+  MINFER_REQUIRE_GPU();
+  const int hd = 128, n_heads = 3, n_tokens = 4, pos0 = 1000;
+  for (bool neox : {true, false}) {
+    const auto x = random_normal(static_cast<size_t>(n_tokens * n_heads * hd), 1.0f, 95);
+    std::vector<float> inv(static_cast<size_t>(hd / 2));
+    for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e4, -2.0 * j / hd));
+    DeviceBuffer<float> dx(x), dinv(inv);
+    DeviceBuffer<int> pos(std::vector<int>{pos0});
+    cuda::launch_rope(dx.get(), n_heads * hd, n_tokens, n_heads, {dinv.get(), hd, neox}, pos.get(), nullptr);
+    const auto y = dx.download();
+    for (int t = 0; t < n_tokens; ++t)
+      for (int h = 0; h < n_heads; ++h)
+        for (int j = 0; j < hd / 2; ++j) {
+          const int i0 = neox ? j : 2 * j, i1 = neox ? j + hd / 2 : 2 * j + 1;
+          const size_t base = size_t((t * n_heads + h) * hd);
+          const double th = double(pos0 + t) * inv[size_t(j)];
+          const double a = x[base + size_t(i0)], b = x[base + size_t(i1)];
+          ASSERT_NEAR(y[base + size_t(i0)], a * std::cos(th) - b * std::sin(th), 2e-4);
+          ASSERT_NEAR(y[base + size_t(i1)], a * std::sin(th) + b * std::cos(th), 2e-4);
+        }
+  }
+}
+
+TEST(GpuKernels, SplitKAttentionMatchesDoubleReference) {
+  MINFER_REQUIRE_GPU();
+  struct Case { int hd, n_head, n_kv, len, splits; };
+  for (const Case c : {Case{128, 28, 4, 1000, 66}, Case{64, 4, 2, 37, 8}, Case{128, 40, 8, 3, 33}}) {
+    const int n_ctx = c.len + 5, kvw = c.n_kv * c.hd;
+    const auto q = random_normal(static_cast<size_t>(c.n_head * c.hd), 1.0f, 100);
+    const auto kf = random_normal(static_cast<size_t>(n_ctx * kvw), 1.0f, 101);
+    const auto vf = random_normal(static_cast<size_t>(n_ctx * kvw), 1.0f, 102);
+    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
+    for (size_t i = 0; i < kf.size(); ++i) kh[i] = f32_to_f16(kf[i]), vh[i] = f32_to_f16(vf[i]);
+    DeviceBuffer<float> dq(q), out(static_cast<size_t>(c.n_head * c.hd));
+    DeviceBuffer<uint16_t> dk(kh), dv(vh);
+    DeviceBuffer<int> pos(std::vector<int>{c.len - 1});
+    DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(1, c.n_head, c.hd, c.splits)));
+    cuda::AttnParams p;
+    p.q = dq.get();
+    p.out = out.get();
+    p.kv = {dk.get(), dv.get(), n_ctx, c.n_kv, c.hd};
+    p.n_head = c.n_head;
+    p.n_tokens = 1;
+    p.pos = pos.get();
+    p.n_splits = c.splits;
+    p.part = part.get();
+    cuda::launch_attention(p, nullptr);
+    const auto o = out.download();
+    const int G = c.n_head / c.n_kv;
+    for (int h = 0; h < c.n_head; ++h) {
+      const int g = h / G;
+      std::vector<double> s(static_cast<size_t>(c.len));
+      double mx = -1e300;
+      for (int t = 0; t < c.len; ++t) {
+        double d = 0;
+        for (int i = 0; i < c.hd; ++i)
+          d += double(q[size_t(h * c.hd + i)]) * f16_to_f32(kh[size_t(t * kvw + g * c.hd + i)]);
+        s[size_t(t)] = d / std::sqrt(double(c.hd));
+        mx = std::max(mx, s[size_t(t)]);
+      }
+      double den = 0;
+      for (auto& e : s) den += (e = std::exp(e - mx));
+      for (int i = 0; i < c.hd; ++i) {
+        double num = 0;
+        for (int t = 0; t < c.len; ++t) num += s[size_t(t)] * f16_to_f32(vh[size_t(t * kvw + g * c.hd + i)]);
+        ASSERT_NEAR(o[size_t(h * c.hd + i)], num / den, 1e-4) << "head " << h << " dim " << i << " len " << c.len;
+      }
+    }
+  }
+}
+
+TEST(GpuKernels, ArgmaxTakesTheFirstLargest) {
+  MINFER_REQUIRE_GPU();
+  const int n = 152064;
+  auto x = random_normal(static_cast<size_t>(n), 1.0f, 110);
+  std::mt19937_64 rng(seed() + 111);
+  const int a = int(rng() % n), b = int(rng() % n);
+  x[size_t(a)] = 50.0f;
+  x[size_t(b)] = 50.0f;
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<int32_t> r(static_cast<size_t>(1));
+  cuda::launch_argmax(dx.get(), n, r.get(), nullptr);
+  ASSERT_EQ(r.download()[0], std::min(a, b));
+}
+
+}  // namespace
+}  // namespace minfer::test
