@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "engine/session.h"
 #include "sampling/sampler.h"
 #include "tokenizer/chat_template.h"
@@ -56,23 +57,18 @@ int run_chat(int argc, char** argv) {
   int n_ctx = 0, n_threads = 0, max_reply = 0;
   bool force_chatml = false;
   minfer::SamplerParams sp;
-  app.add_option("-m,--model", model_path, "GGUF model")->required();
+  app.add_option("-m,--model", model_path, "GGUF model (default: the embedded default model)");
   app.add_option("-c,--ctx-size", n_ctx, "context size (0: model's context length capped at 8192)")->capture_default_str();
   app.add_option("--system", system_prompt, "system message that starts the conversation");
   app.add_option("-n,--n-predict", max_reply, "most tokens per reply (0: until the end token or a full context)")
       ->capture_default_str();
-  app.add_option("--temp", sp.temperature, "temperature (<= 0: greedy)")->capture_default_str();
-  app.add_option("--top-k", sp.top_k, "top-k (<= 0: off)")->capture_default_str();
-  app.add_option("--top-p", sp.top_p, "top-p (>= 1: off)")->capture_default_str();
-  app.add_option("--min-p", sp.min_p, "min-p (<= 0: off)")->capture_default_str();
-  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
-  app.add_option("--seed", sp.seed, "sampling seed")->capture_default_str();
+  minfer::cli::add_sampler_options(app, sp);
   app.add_option("--backend", backend, "cpu, cuda or auto")->capture_default_str();
   app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
   app.add_flag("--chatml", force_chatml, "ignore the model's template and use ChatML");
   CLI11_PARSE(app, argc, argv);
 
-  const minfer::Model model = minfer::Model::load(model_path);
+  const minfer::Model model = minfer::Model::load(minfer::cli::resolve_model_path(model_path));
   const minfer::Tokenizer tok = minfer::Tokenizer::from_gguf(model.file);
   const std::optional<minfer::ChatTemplate> tmpl = load_template(tok, force_chatml);
   const std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";

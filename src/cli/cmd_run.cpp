@@ -30,15 +30,7 @@ int run_run(int argc, char** argv) {
   app.add_option("-p,--prompt", prompt, "prompt text")->required();
   app.add_option("-n,--n-predict", n_predict, "tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
   app.add_option("-c,--ctx-size", n_ctx, "context size (0: model's context length capped at 8192)")->capture_default_str();
-  app.add_option("--temp", sp.temperature, "temperature (<= 0: greedy)")->capture_default_str();
-  app.add_option("--top-k", sp.top_k, "top-k (<= 0: off)")->capture_default_str();
-  app.add_option("--top-p", sp.top_p, "top-p (>= 1: off)")->capture_default_str();
-  app.add_option("--min-p", sp.min_p, "min-p (<= 0: off)")->capture_default_str();
-  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
-  app.add_option("--presence-penalty", sp.presence_penalty, "presence penalty")->capture_default_str();
-  app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty")->capture_default_str();
-  app.add_option("--repeat-last-n", sp.penalty_last_n, "history the penalties look at")->capture_default_str();
-  app.add_option("--seed", sp.seed, "sampling seed")->capture_default_str();
+  minfer::cli::add_sampler_options(app, sp);
   app.add_option("--backend", backend, "cpu, cuda or auto")->capture_default_str();
   app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past the end-of-generation token");

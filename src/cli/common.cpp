@@ -12,6 +12,18 @@ namespace minfer::cli {
 
 namespace fs = std::filesystem;
 
+void add_sampler_options(CLI::App& app, SamplerParams& sp) {
+  app.add_option("--temp", sp.temperature, "temperature (<= 0: greedy)")->capture_default_str();
+  app.add_option("--top-k", sp.top_k, "top-k (<= 0: off)")->capture_default_str();
+  app.add_option("--top-p", sp.top_p, "top-p (>= 1: off)")->capture_default_str();
+  app.add_option("--min-p", sp.min_p, "min-p (<= 0: off)")->capture_default_str();
+  app.add_option("--repeat-penalty", sp.repeat_penalty, "repetition penalty (1: off)")->capture_default_str();
+  app.add_option("--presence-penalty", sp.presence_penalty, "presence penalty")->capture_default_str();
+  app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty")->capture_default_str();
+  app.add_option("--repeat-last-n", sp.penalty_last_n, "history the penalties look at")->capture_default_str();
+  app.add_option("--seed", sp.seed, "sampling seed")->capture_default_str();
+}
+
 std::string resolve_model_path(const std::string& given) {
   if (!given.empty()) return given;
   const fs::path embedded = fs::path(MINFER_SOURCE_DIR) / "models" / "default.gguf";
