@@ -354,14 +354,17 @@ TEST(GpuKernels, RopeMatchesDoubleReference) {
 TEST(GpuKernels, SplitKAttentionMatchesDoubleReference) {
   MINFER_REQUIRE_GPU();
   struct Case { int hd, n_head, n_kv, len, splits; };
-  for (const Case c : {Case{128, 28, 4, 1000, 66}, Case{64, 4, 2, 37, 8}, Case{128, 40, 8, 3, 33}}) {
+  // 7B / 14B / 0.5b shapes at depth, splits with no positions, a group over 8 heads, head_dim 256
+  for (const Case c : {Case{128, 28, 4, 1000, 66}, Case{128, 28, 4, 16384, 66}, Case{128, 40, 8, 4100, 33},
+                       Case{64, 14, 2, 517, 132}, Case{64, 4, 2, 37, 8}, Case{128, 40, 8, 3, 33},
+                       Case{128, 12, 1, 300, 7}, Case{256, 8, 2, 129, 5}}) {
     const int n_ctx = c.len + 5, kvw = c.n_kv * c.hd;
     const auto q = random_normal(static_cast<size_t>(c.n_head * c.hd), 1.0f, 100);
     const auto kf = random_normal(static_cast<size_t>(n_ctx * kvw), 1.0f, 101);
     const auto vf = random_normal(static_cast<size_t>(n_ctx * kvw), 1.0f, 102);
     std::vector<uint16_t> kh(kf.size()), vh(vf.size());
     for (size_t i = 0; i < kf.size(); ++i) kh[i] = f32_to_f16(kf[i]), vh[i] = f32_to_f16(vf[i]);
-    DeviceBuffer<float> dq(q), out(static_cast<size_t>(c.n_head * c.hd));
+    DeviceBuffer<float> dq(q), out(std::vector<float>(static_cast<size_t>(c.n_head * c.hd), NAN));
     DeviceBuffer<uint16_t> dk(kh), dv(vh);
     DeviceBuffer<int> pos(std::vector<int>{c.len - 1});
     DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(1, c.n_head, c.hd, c.splits)));

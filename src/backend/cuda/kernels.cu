@@ -1,5 +1,6 @@
 // The CUDA backend's kernels: norms, elementwise, quantize, rope / KV cache, the decode
 // matrix-vector kernel (MMVQ) with its fused epilogues, split-K decode attention and argmax.
+#include <algorithm>
 #include <cfloat>
 
 #include "backend/cuda/kernels.h"
@@ -492,130 +493,206 @@ void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_
 }
 
 // ---- attention: split-K over the KV length, all q heads of a KV group in one block -------------
-// grid (n_kv_heads, n_splits, n_tokens), HD threads. Each block walks its slice of positions in
-// tiles of HD: thread i scores position i of the tile against the group's G q heads (the K row
-// is read once for all G), an online softmax per head, then thread d accumulates dim d of V for
-// all G heads. Partial (acc, max, sum) per split go to the workspace; attn_combine merges them.
-template <int HD, int MAXG>
-__global__ void __launch_bounds__(HD) attn_split_kernel(const AttnParams p) {
-  __shared__ float q_s[MAXG][HD];
-  __shared__ float score[MAXG][HD];
-  __shared__ float m_s[MAXG], l_s[MAXG], corr_s[MAXG];
-  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, tid = threadIdx.x;
-  const int G = p.n_head / p.kv.n_kv_heads;
+// grid (n_kv_heads, n_splits, n_tokens), 4 warps. A block owns one slice of positions of one KV
+// head and G of its q heads, so each K/V byte is read once for all G. Inside a warp, C = HD / 8
+// lanes share a position (lane c holds dims 8c..8c+7: one 16-byte load per K or V row chunk, a
+// row read as one contiguous run), the warp covers 32 / C positions per load and keeps U loads of
+// K and V in flight per lane, the next iteration's issued before this one's arithmetic. A score
+// is the xor-butterfly sum over the C lanes (bitwise equal on all of them, so the max and the
+// rescale branch are warp-uniform); scores are kept in the exp2 domain (q is pre-scaled by
+// log2 e). Each warp keeps its own online softmax (m, l, acc); the four
+// warps merge in shared memory and the block writes one partial; attn_combine merges the splits.
+constexpr int kAttnWarps = 4;
+constexpr int kAttnUnroll = 4;
+
+__device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
+  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    f[2 * i] = x.x;
+    f[2 * i + 1] = x.y;
+  }
+}
+
+template <int HD, int G>
+__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head0) {
+  constexpr int C = HD / 8, LP = 32 / C, U = kAttnUnroll, PW = U * LP, NW = kAttnWarps;
+  __shared__ float red_acc[NW][G][HD];
+  __shared__ float red_m[NW][G], red_l[NW][G];
+  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % C, grp = lane / C;
+  const int group = p.n_head / p.kv.n_kv_heads;
+  const int qh0 = kvh * group + head0;  // first q head of this block
   const int len = *p.pos + t + 1;
-  const int chunk = (len + p.n_splits - 1) / p.n_splits;
+  const int chunk = max((len + p.n_splits - 1) / p.n_splits, NW * PW);
   const int start = split * chunk, end = min(len, start + chunk);
-  const float scale = rsqrtf(float(HD));
+  const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
   const int qw = p.n_head * HD;
+
+  float q[G][8];
 #pragma unroll
-  for (int h = 0; h < MAXG; ++h)
-    if (h < G) q_s[h][tid] = p.q[size_t(t) * qw + (kvh * G + h) * HD + tid] * scale;
-  if (tid < MAXG) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.0f;
+  for (int h = 0; h < G; ++h)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) q[h][j] = p.q[size_t(t) * qw + size_t(qh0 + h) * HD + 8 * c + j] * scale;
+  float m[G], l[G], acc[G][8];
+#pragma unroll
+  for (int h = 0; h < G; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[h][j] = 0.0f;
   }
-  float acc[MAXG];
+  const size_t ld_kv = size_t(p.kv.n_kv_heads) * HD * 2;  // bytes between positions
+  const uint8_t* kbase = reinterpret_cast<const uint8_t*>(p.kv.k) + size_t(kvh) * HD * 2 + 16 * c;
+  const uint8_t* vbase = reinterpret_cast<const uint8_t*>(p.kv.v) + size_t(kvh) * HD * 2 + 16 * c;
+  auto load = [&](int base, uint4 (&kr)[U], uint4 (&vr)[U]) {
 #pragma unroll
-  for (int h = 0; h < MAXG; ++h) acc[h] = 0.0f;
-  __syncthreads();
-  const int ld_kv = p.kv.n_kv_heads * HD;
-  const uint16_t* kbase = p.kv.k + size_t(kvh) * HD;
-  const uint16_t* vbase = p.kv.v + size_t(kvh) * HD;
-  const int warp = tid / 32, lane = tid % 32;
-  for (int tile = start; tile < end; tile += HD) {
-    const int position = tile + tid;
-    float s[MAXG];
+    for (int u = 0; u < U; ++u) {
+      const int pos = base + u * LP + grp;
+      if (pos < end) {
+        kr[u] = ld16(kbase + size_t(pos) * ld_kv);
+        vr[u] = ld16(vbase + size_t(pos) * ld_kv);
+      } else {
+        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  uint4 kr[U], vr[U];
+  int base = start + warp * PW;
+  if (base < end) load(base, kr, vr);
+  for (; base < end; base += NW * PW) {
+    uint4 kn[U], vn[U];
+    if (base + NW * PW < end) load(base + NW * PW, kn, vn);  // prefetch the next iteration
+    float s[U][G];
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h) s[h] = 0.0f;
-    if (position < end) {
-      const uint8_t* krow = reinterpret_cast<const uint8_t*>(kbase + size_t(position) * ld_kv);
-      for (int c = 0; c < HD / 8; ++c) {
-        const uint4 kv8 = ld16(krow + 16 * c);
-        const uint32_t w[4] = {kv8.x, kv8.y, kv8.z, kv8.w};
-        float k[8];
+    for (int u = 0; u < U; ++u) {
+      float k[8];
+      half8_to_float(kr[u], k);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          k[2 * i] = h2f(uint16_t(w[i]));
-          k[2 * i + 1] = h2f(uint16_t(w[i] >> 16));
-        }
+      for (int h = 0; h < G; ++h) {
+        float d = 0.0f;
 #pragma unroll
-        for (int h = 0; h < MAXG; ++h) {
-          if (h < G) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i) s[h] = fmaf(q_s[h][8 * c + i], k[i], s[h]);
-          }
-        }
+        for (int j = 0; j < 8; ++j) d = fmaf(q[h][j], k[j], d);
+        s[u][h] = d;
       }
     }
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h)
-      if (h < G) score[h][tid] = position < end ? s[h] : -INFINITY;
-    __syncthreads();
-    for (int h = warp; h < G; h += HD / 32) {
+    for (int o = C / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int h = 0; h < G; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], o);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
       float mx = -INFINITY;
-      for (int i = lane; i < HD; i += 32) mx = fmaxf(mx, score[h][i]);
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      const float m_new = fmaxf(m_s[h], mx);
-      float sum = 0.0f;
-      for (int i = lane; i < HD; i += 32) {
-        const float e = expf(score[h][i] - m_new);
-        score[h][i] = e;
-        sum += e;
-      }
-      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-      if (lane == 0) {
-        const float corr = expf(m_s[h] - m_new);
-        corr_s[h] = corr;
-        l_s[h] = l_s[h] * corr + sum;
-        m_s[h] = m_new;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (base + u * LP + grp < end) mx = fmaxf(mx, s[u][h]);
+#pragma unroll
+      for (int o = C; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      if (mx > m[h]) {  // warp-uniform
+        const float corr = exp2f(m[h] - mx);
+        l[h] *= corr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
+        m[h] = mx;
       }
     }
-    __syncthreads();
 #pragma unroll
-    for (int h = 0; h < MAXG; ++h)
-      if (h < G) acc[h] *= corr_s[h];
-    const int n_valid = min(HD, end - tile);
-    const uint16_t* vcol = vbase + size_t(tile) * ld_kv + tid;
-    for (int i = 0; i < n_valid; ++i) {
-      const float v = h2f(vcol[size_t(i) * ld_kv]);
+    for (int u = 0; u < U; ++u) {
+      const bool valid = base + u * LP + grp < end;
+      float v[8];
+      half8_to_float(vr[u], v);
 #pragma unroll
-      for (int h = 0; h < MAXG; ++h)
-        if (h < G) acc[h] = fmaf(score[h][i], v, acc[h]);
+      for (int h = 0; h < G; ++h) {
+        const float e = valid ? exp2f(s[u][h] - m[h]) : 0.0f;
+        l[h] += e;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[h][j] = fmaf(e, v[j], acc[h][j]);
+      }
     }
-    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      kr[u] = kn[u];
+      vr[u] = vn[u];
+    }
   }
-  // partial layout: [t][q head][split] x (HD acc, then m, l in a separate array)
+  // merge the position groups of the warp (same m on every lane), then the warps of the block
+#pragma unroll
+  for (int o = C; o < 32; o <<= 1)
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+    }
+  if (grp == 0) {
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) red_acc[warp][h][8 * c + j] = acc[h][j];
+      if (c == 0) {
+        red_m[warp][h] = m[h];
+        red_l[warp][h] = l[h];
+      }
+    }
+  }
+  __syncthreads();
+  // partial layout: [t][q head][split] x HD acc, then (m, l) pairs in a second array
   float* part_acc = p.part;
   float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
+  for (int i = threadIdx.x; i < G * HD; i += NW * 32) {
+    const int h = i / HD, d = i % HD;
+    float mx = -INFINITY;
 #pragma unroll
-  for (int h = 0; h < MAXG; ++h) {
-    if (h >= G) break;
-    const size_t idx = (size_t(t) * p.n_head + kvh * G + h) * p.n_splits + split;
-    part_acc[idx * HD + tid] = acc[h];
-    if (tid == 0) {
-      part_ml[2 * idx] = m_s[h];
-      part_ml[2 * idx + 1] = l_s[h];
+    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red_m[w][h]);
+    float a = 0.0f, sum = 0.0f;
+    if (mx > -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        if (red_l[w][h] == 0.0f) continue;  // a warp that saw no position
+        const float f = exp2f(red_m[w][h] - mx);
+        a += red_acc[w][h][d] * f;
+        sum += red_l[w][h] * f;
+      }
+    }
+    const size_t idx = (size_t(t) * p.n_head + qh0 + h) * p.n_splits + split;
+    part_acc[idx * HD + d] = a;
+    if (d == 0) {
+      part_ml[2 * idx] = mx;
+      part_ml[2 * idx + 1] = sum;
     }
   }
 }
 
+// One block per (q head, token): the splits' (m, l) pairs are staged in shared memory and turned
+// into weights in parallel, then thread d sums dim d over the splits with independent loads.
 template <int HD>
 __global__ void attn_combine_kernel(const AttnParams p) {
-  const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+  extern __shared__ float ml[];  // m (then the weight) of each split, then l of each split
+  const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, S = p.n_splits;
+  float *w_s = ml, *l_s = ml + S;
   const float* part_acc = p.part;
-  const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
-  const size_t base = (size_t(t) * p.n_head + qh) * p.n_splits;
+  const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * S * HD;
+  const size_t base = (size_t(t) * p.n_head + qh) * S;
+  for (int s = tid; s < S; s += HD) {
+    w_s[s] = part_ml[2 * (base + s)];
+    l_s[s] = part_ml[2 * (base + s) + 1];
+  }
+  __syncthreads();
   float mx = -INFINITY;
-  for (int s = 0; s < p.n_splits; ++s)
-    if (part_ml[2 * (base + s) + 1] > 0.0f) mx = fmaxf(mx, part_ml[2 * (base + s)]);
+  for (int s = 0; s < S; ++s)
+    if (l_s[s] > 0.0f) mx = fmaxf(mx, w_s[s]);
+  __syncthreads();  // every thread has its max before m turns into the weight
+  for (int s = tid; s < S; s += HD) w_s[s] = l_s[s] > 0.0f ? exp2f(w_s[s] - mx) : 0.0f;
+  __syncthreads();
+  const float* acc = part_acc + base * HD + tid;
   float num = 0.0f, den = 0.0f;
-  for (int s = 0; s < p.n_splits; ++s) {
-    const float l = part_ml[2 * (base + s) + 1];
-    if (l <= 0.0f) continue;
-    const float w = expf(part_ml[2 * (base + s)] - mx);
-    den += l * w;
-    num += part_acc[(base + s) * HD + tid] * w;
+#pragma unroll 8
+  for (int s = 0; s < S; ++s) {
+    den = fmaf(l_s[s], w_s[s], den);
+    num = fmaf(acc[size_t(s) * HD], w_s[s], num);
   }
   p.out[size_t(t) * p.n_head * HD + qh * HD + tid] = num / den;
 }
@@ -624,20 +701,30 @@ int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n
   return int64_t(n_tokens) * n_head * n_splits * (head_dim + 2);
 }
 
+template <int HD, int G>
+static void launch_attention_split(const AttnParams& p, int head0, cudaStream_t s) {
+  const dim3 grid(p.kv.n_kv_heads, p.n_splits, p.n_tokens);
+  attn_split_kernel<HD, G><<<grid, kAttnWarps * 32, 0, s>>>(p, head0);
+}
+
+// Groups of more than 8 q heads per KV head run as several launches of at most 8 heads each.
 template <int HD>
 static void launch_attention_hd(const AttnParams& p, cudaStream_t s) {
-  const int G = p.n_head / p.kv.n_kv_heads;
-  const dim3 grid(p.kv.n_kv_heads, p.n_splits, p.n_tokens);
-  if (G <= 4)
-    attn_split_kernel<HD, 4><<<grid, HD, 0, s>>>(p);
-  else if (G <= 8)
-    attn_split_kernel<HD, 8><<<grid, HD, 0, s>>>(p);
-  else if (G <= 16)
-    attn_split_kernel<HD, 16><<<grid, HD, 0, s>>>(p);
-  else
-    fail("attention: ", G, " query heads per KV head (at most 16 supported)");
-  check_launch("attention");
-  attn_combine_kernel<HD><<<dim3(p.n_head, p.n_tokens), HD, 0, s>>>(p);
+  const int group = p.n_head / p.kv.n_kv_heads;
+  for (int head0 = 0; head0 < group; head0 += 8) {
+    switch (std::min(8, group - head0)) {
+      case 1: launch_attention_split<HD, 1>(p, head0, s); break;
+      case 2: launch_attention_split<HD, 2>(p, head0, s); break;
+      case 3: launch_attention_split<HD, 3>(p, head0, s); break;
+      case 4: launch_attention_split<HD, 4>(p, head0, s); break;
+      case 5: launch_attention_split<HD, 5>(p, head0, s); break;
+      case 6: launch_attention_split<HD, 6>(p, head0, s); break;
+      case 7: launch_attention_split<HD, 7>(p, head0, s); break;
+      default: launch_attention_split<HD, 8>(p, head0, s); break;
+    }
+    check_launch("attention");
+  }
+  attn_combine_kernel<HD><<<dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float), s>>>(p);
   check_launch("attention combine");
 }
 
