@@ -1,6 +1,12 @@
 // Prefill kernel timings on the GPU (CUDA events, manual time): the weight GEMMs at the Qwen2.5
-// 7B/14B layer shapes and causal flash attention at several depths. Report TFLOP/s = the counter.
+// 7B/14B layer shapes and causal flash attention at several depths. Report TFLOP/s = the counter;
+// the splits and m_tile counters say which GEMM plan ran. Names: .../M512 is the automatic plan,
+// .../M512/nosplit the single-pass kernel (what MINFER_NO_GEMM_SPLITK=1 runs), .../M512/splitS
+// forces S K slices (the sweep that checks the automatic choice).
 //   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+// Split-K A/B of the small-N layers only (median of 5; estimated 30 s on the H200):
+//   bench_prefill --benchmark_filter='^gemm/q(4|6)_K/(7B|14B)/(qkv|o|down)/' \
+//     --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_display_aggregates_only=true
 // Without a CUDA build (or device) it registers nothing.
 #include <benchmark/benchmark.h>
 
@@ -46,16 +52,20 @@ const void* device_weights(GgmlType t, int64_t n, int64_t k) {
   return slot->ptr;
 }
 
-// Random f16/bf16 bit patterns of normal(0,1) values (host-generated, uploaded).
+// Random f16/bf16 bit patterns of normal(0,1) values (host-generated, uploaded), generated once
+// per (count, type, seed): each repetition re-runs a benchmark's setup.
 void* device_random_16bit(size_t count, bool bf16, uint64_t seed) {
-  static std::vector<std::unique_ptr<DeviceMemory>> keep;
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> host(count);
-  for (auto& h : host) h = bf16 ? f32_to_bf16(normal(rng)) : f32_to_f16(normal(rng));
-  keep.push_back(std::make_unique<DeviceMemory>(count * 2));
-  check(cudaMemcpy(keep.back()->ptr, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
-  return keep.back()->ptr;
+  static std::map<std::tuple<size_t, bool, uint64_t>, std::unique_ptr<DeviceMemory>> cache;
+  auto& slot = cache[{count, bf16, seed}];
+  if (!slot) {
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> host(count);
+    for (auto& h : host) h = bf16 ? f32_to_bf16(normal(rng)) : f32_to_f16(normal(rng));
+    slot = std::make_unique<DeviceMemory>(count * 2);
+    check(cudaMemcpy(slot->ptr, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
+  }
+  return slot->ptr;
 }
 
 template <typename Launch>
@@ -79,14 +89,18 @@ void time_with_events(benchmark::State& state, double flops, Launch launch) {
   cudaEventDestroy(stop);
 }
 
-void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile) {
+void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile,
+                int k_splits = 0) {
   DeviceMemory y(size_t(m * n) * 4);
   cuda::PrefillGemm g;
   g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
-  g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile;
+  g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
   time_with_events(state, 2.0 * double(m) * double(n) * double(k),
                    [&] { cuda::launch_prefill_gemm(g, nullptr); });
+  const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
+  state.counters["splits"] = plan.k_splits;
+  state.counters["m_tile"] = plan.m_tile;
 }
 
 void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {
@@ -135,18 +149,32 @@ int register_all() {
   };
   for (const ModelShapes& model : kModels)
     for (int64_t m : {512, 4096})
-      for (const LayerShape& l : model.layers)
-        add(std::string("gemm/q4_K/") + model.name + "/" + l.name + "/M" + std::to_string(m),
-            [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0); });
+      for (const LayerShape& l : model.layers) {
+        const std::string name = std::string("gemm/q4_K/") + model.name + "/" + l.name + "/M" + std::to_string(m);
+        add(name, [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0); });
+        add(name + "/nosplit", [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0, 1); });
+        if (m != 512 || l.n > 8192) continue;  // the split sweep: small-N layers at one ubatch
+        for (int splits : {2, 3, 4, 6, 8})
+          add(name + "/split" + std::to_string(splits),
+              [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0, splits); });
+      }
   const ModelShapes& m7 = kModels[0];
   for (GgmlType t : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16})
     for (int li : {2, 3})
       add(std::string("gemm/") + type_traits(t).name + "/7B/" + m7.layers[li].name + "/M512",
           [=](benchmark::State& s) { bench_gemm(s, t, m7.layers[li].n, m7.layers[li].k, 512, 0); });
-  for (int tile : {64, 128})
+  for (const ModelShapes& model : kModels)  // q6_K ffn_down: half the layers of the Q4_K_M mix
+    for (int k_splits : {0, 1}) {
+      if (k_splits == 0 && &model == &m7) continue;  // registered with the other types above
+      add(std::string("gemm/q6_K/") + model.name + "/down/M512" + (k_splits ? "/nosplit" : ""),
+          [=](benchmark::State& s) {
+            bench_gemm(s, GgmlType::Q6_K, model.layers[3].n, model.layers[3].k, 512, 0, k_splits);
+          });
+    }
+  for (int tile : {64, 128})  // the m-tile choice of the single-pass kernel
     for (int li : {0, 2})
       add(std::string("gemm/q4_K/7B/") + m7.layers[li].name + "/M512/tile" + std::to_string(tile),
-          [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, m7.layers[li].n, m7.layers[li].k, 512, tile); });
+          [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, m7.layers[li].n, m7.layers[li].k, 512, tile, 1); });
   for (const ModelShapes& model : kModels)
     for (int pos0 : {0, 4096, 16384})
       add(std::string("attention/") + model.name + "/M512/d" + std::to_string(pos0),

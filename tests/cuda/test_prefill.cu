@@ -4,8 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/prefill.h"
@@ -20,6 +23,7 @@ namespace {
 
 using cuda::PrefillAttention;
 using cuda::PrefillGemm;
+using cuda::PrefillGemmPlan;
 
 bool have_device() {
   int n = 0;
@@ -77,6 +81,8 @@ struct GemmCase {
   int m_tile = 0;
   bool bias = false, residual = false;
   int64_t x_pad = 0, y_pad = 0;  // extra row stride
+  int k_splits = 0;  // 0: automatic
+  bool expect_split = false;  // the plan must split K (checks that the case tests split-K)
 };
 
 // Runs one GEMM and checks every output against the float64 dot of dequantize_row(W) and the
@@ -103,6 +109,8 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   g.bias = c.bias ? dbias.ptr : nullptr;
   g.residual = c.residual ? dy.ptr : nullptr;
   g.m_tile = c.m_tile;
+  g.k_splits = c.k_splits;
+  if (c.expect_split) EXPECT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "m=" << c.m << " n=" << c.n << " k=" << c.k;
   cuda::launch_prefill_gemm(g, nullptr);
   check(cudaGetLastError(), "launch_prefill_gemm");
   check(cudaDeviceSynchronize(), "prefill GEMM");
@@ -152,6 +160,17 @@ TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
   run_gemm_case({GetParam(), 200, 136, 768, 128}, salt += 10);  // the 128-row m-tile
 }
 
+// Split-K: forced uneven slices (k = 512 is 8 K steps: 3 slices of 3, 3, 2; 8 slices of one step)
+// and the automatic choice on a large K (7B ffn_down's 18944), all against the same reference.
+TEST_P(PrefillGemmTypes, SplitKMatchesFloat64Reference) {
+  REQUIRE_DEVICE();
+  uint64_t salt = 100 * uint64_t(GetParam()) + 5;
+  for (int64_t m : {1, 7, 100, 512})
+    run_gemm_case({GetParam(), m, 264, 512, 0, false, false, 0, 0, 3, true}, salt += 10);
+  run_gemm_case({GetParam(), 100, 136, 512, 64, false, false, 0, 0, 8, true}, salt += 10);
+  run_gemm_case({GetParam(), 100, 136, 18944, 0, false, false, 0, 0, 0, true}, salt += 10);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllWeightTypes, PrefillGemmTypes,
                          testing::Values(GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0,
                                          GgmlType::F16, GgmlType::BF16, GgmlType::F32),
@@ -164,6 +183,95 @@ TEST(PrefillGemm, BiasResidualAndStrides) {
   run_gemm_case({GgmlType::Q4_K, 37, 130, 256, 64, true, true, 24, 6}, 7001);
   run_gemm_case({GgmlType::Q6_K, 130, 256, 256, 128, true, false, 8, 2}, 7002);
   run_gemm_case({GgmlType::Q8_0, 65, 66, 320, 0, false, true, 0, 0}, 7003);
+  // The split-K reduce applies bias and the in-place residual, and keeps the padding columns.
+  run_gemm_case({GgmlType::Q4_K, 37, 130, 1024, 0, true, true, 24, 6, 4, true}, 7004);
+  run_gemm_case({GgmlType::Q8_0, 65, 66, 320, 128, true, false, 0, 2, 5, true}, 7005);
+}
+
+// Sets an environment variable for one scope, then restores what the caller had.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (previous_) setenv(name_, previous_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> previous_;
+};
+
+TEST(PrefillGemm, AutomaticSplitKOnlyForSmallGrids) {
+  REQUIRE_DEVICE();
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (sms < 64) GTEST_SKIP() << "the shapes below are sized for >= 64 SMs, this device has " << sms;
+  const ScopedEnv split_on("MINFER_NO_GEMM_SPLITK", "0");  // whatever the caller's environment says
+  PrefillGemm g;
+  g.w_type = GgmlType::Q4_K, g.n = 3584, g.k = 3584, g.m = 512;  // 7B o-projection, one ubatch
+  const PrefillGemmPlan small = cuda::prefill_gemm_plan(g);
+  EXPECT_GT(small.k_splits, 1);
+  EXPECT_EQ(small.m_tile, 128);
+  EXPECT_LE(size_t(small.k_splits) * 512 * 3584 * 4, cuda::kPrefillGemmWorkspaceBytes);
+  g.m = 4096;  // 32 x 28 tiles of 128: enough CTAs without splitting
+  EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, 1);
+  g.m = 512, g.n = 37888;  // 7B gate+up: 4 x 296 tiles
+  EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, 1);
+  g.n = 3584;
+  {
+    const ScopedEnv off("MINFER_NO_GEMM_SPLITK", "1");
+    const PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
+    EXPECT_EQ(plan.k_splits, 1);
+    EXPECT_EQ(plan.m_tile, 64);  // the single-pass choice for this grid
+  }
+  EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, small.k_splits);  // restored after the scope
+}
+
+// Split-K sums its slices in a fixed order: two runs are bitwise equal. MINFER_NO_GEMM_SPLITK=1
+// runs the single-pass kernel (the same bits as forcing k_splits = 1).
+TEST(PrefillGemm, SplitKIsDeterministicAndOptOutRunsSinglePass) {
+  REQUIRE_DEVICE();
+  const int64_t m = 512, n = 1024, k = 3584;
+  const std::vector<uint8_t> w = test::random_weight_rows(GgmlType::Q4_K, n, k, test::seed() + 9100);
+  const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9101);
+  const std::vector<float> bias = test::random_normal(size_t(n), 1.0f, 9102);
+  std::vector<uint16_t> x_bf16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
+  DeviceBuffer<uint8_t> dw(w);
+  DeviceBuffer<uint16_t> dx(x_bf16);
+  DeviceBuffer<float> dbias(bias);
+  DeviceBuffer<float> dy(size_t(m * n));
+  PrefillGemm g;
+  g.w_type = GgmlType::Q4_K, g.w = dw.ptr, g.n = n, g.k = k;
+  g.x = dx.ptr, g.ldx = k, g.m = m, g.y = dy.ptr, g.ldy = n, g.bias = dbias.ptr;
+  auto run = [&](int k_splits) {
+    g.k_splits = k_splits;
+    dy.fill_bytes(0xFF);
+    cuda::launch_prefill_gemm(g, nullptr);
+    check(cudaDeviceSynchronize(), "prefill GEMM");
+    return dy.download();
+  };
+  ASSERT_GT(cuda::prefill_gemm_plan(g).k_splits, 1);
+  const std::vector<float> split_a = run(0), split_b = run(0);
+  EXPECT_EQ(std::memcmp(split_a.data(), split_b.data(), split_a.size() * sizeof(float)), 0);
+  std::vector<float> opt_out;
+  {
+    const ScopedEnv off("MINFER_NO_GEMM_SPLITK", "1");
+    EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, 1);
+    opt_out = run(0);
+  }
+  const std::vector<float> single = run(1);
+  EXPECT_EQ(std::memcmp(opt_out.data(), single.data(), single.size() * sizeof(float)), 0);
+  // Both paths write every output (the NaN poison is gone); their accuracy is the reference tests'.
+  for (size_t i = 0; i < single.size(); ++i)
+    ASSERT_TRUE(std::isfinite(split_a[i]) && std::isfinite(single[i])) << "element " << i;
 }
 
 TEST(PrefillGemm, RejectsUnsupportedShapes) {
@@ -178,6 +286,10 @@ TEST(PrefillGemm, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // no kernel for the type
   g.w_type = GgmlType::Q8_0, g.ldx = 260;
   EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // ldx not a multiple of 8
+  g.ldx = 256, g.k_splits = -1;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // negative k_splits
+  g.k_splits = 2, g.workspace = reinterpret_cast<float*>(uintptr_t(256)), g.workspace_bytes = 4092;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // 2 slices x 4 x 128 floats = 4096 bytes > 4092
 }
 
 // ---- attention ---------------------------------------------------------------------------------

@@ -48,11 +48,35 @@ struct PrefillGemm {
   const float* bias = nullptr;      // [n] or null
   const float* residual = nullptr;  // [m][ldy] added to the product, or null; may equal y
   int m_tile = 0;  // 0: chosen from the grid size; 64 or 128 force one (tests, bench)
+  // Split-K: the K loop is cut into k_splits slices run by separate CTAs; each writes its f32
+  // partial tile to the workspace and a second kernel sums the slices in slice order (then + bias,
+  // then + residual), so results are deterministic run to run. 0: chosen from the grid size (1
+  // when MINFER_NO_GEMM_SPLITK is set to anything but "0": today's single-pass kernel, bit for
+  // bit); >= 1 forces that many slices (tests, bench; clamped to one 64-K step per slice).
+  int k_splits = 0;
+  // Split-K partials, k_splits * m * n floats. Null: a process-wide buffer of
+  // kPrefillGemmWorkspaceBytes per device, allocated on first use (so at most one split-K GEMM
+  // may be in flight per device at a time: pass your own buffer to run several concurrently).
+  float* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
+
+// Size of the shared split-K workspace (64 MiB): the automatic choice lowers k_splits until the
+// partials fit (7B/14B layers at m = 512: one slice is m * n * 4 <= 14.7 MB, so >= 4 slices fit).
+constexpr size_t kPrefillGemmWorkspaceBytes = size_t(64) << 20;
+
+// What launch_prefill_gemm(g) runs: the m-tile and the effective number of K slices (1: no
+// split-K). Reads MINFER_NO_GEMM_SPLITK; g must pass launch_prefill_gemm's checks.
+struct PrefillGemmPlan {
+  int m_tile = 0;
+  int k_splits = 1;
+};
+PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
 
 // REQUIRES (checked, minfer::Error otherwise): prefill_gemm_supports(w_type); k % 256 == 0 for the
 // K types and k % 64 == 0 otherwise; n % 2 == 0; ldx >= k, ldx % 8 == 0; ldy >= n, ldy % 2 == 0;
 // x 16-byte and w 16-byte aligned (cudaMalloc gives 256); y, residual 8-byte aligned.
+// A forced k_splits must fit its workspace (k_splits * m * n * 4 bytes after clamping).
 // Precision: each product x_k * w_k carries one bf16 rounding of x and one of the exactly (f32)
 // dequantized w, so |y - exact| <= 2^-8 * sum_k |x_k w_k| plus f32 accumulation error.
 void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream);

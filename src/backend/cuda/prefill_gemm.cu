@@ -3,7 +3,13 @@
 // dequantization, one rounding to bf16) and runs mma.sync m16n8k16 against the bf16 activation
 // tile, which arrives through a 3-stage cp.async pipeline. The weight slice for step k+2 is loaded
 // into registers while step k computes and is dequantized into the other shared buffer after it.
+// Split-K (small grids): blockIdx.z selects a slice of the K steps; the CTA stores its raw f32
+// accumulators into a workspace plane and splitk_reduce_kernel sums the planes in slice order.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
@@ -44,6 +50,8 @@ struct GemmParams {
   int64_t ldy;
   const float* bias;
   const float* residual;
+  int slice_steps;  // K steps per blockIdx.z slice (k / kBK without split-K)
+  float* partial;   // split-K: [gridDim.z][m][n] raw accumulators, bias/residual left to the reduce
 };
 
 // ---- weight decoding: 64 consecutive K elements of one row -> 8 chunks of 8 bf16 ----------------
@@ -251,10 +259,13 @@ struct WeightChunk<GgmlType::F32> {  // converted at load time (f32 weights are 
 
 // ---- the kernel ------------------------------------------------------------------------------------
 
-// REQUIRES: blockDim.x == kThreads; gridDim = (ceil(m / kBM), ceil(n / kBN)); k % kBK == 0 (and the
-// K types: k % 256 == 0); dynamic shared memory GemmShape<kBM>::kSmemBytes. M-tiles vary fastest
-// so the CTAs that share one weight slice run together and it is read from DRAM once.
-template <GgmlType T, int kBM>
+// REQUIRES: blockDim.x == kThreads; gridDim = (ceil(m / kBM), ceil(n / kBN), ceil(k / kBK /
+// slice_steps)) with gridDim.z == 1 unless kSplitK; k % kBK == 0 (and the K types: k % 256 == 0);
+// partial set iff kSplitK; dynamic shared memory GemmShape<kBM>::kSmemBytes. M-tiles vary fastest
+// so the CTAs that share one weight slice run together and it is read from DRAM once. kSplitK is
+// a template flag so the single-pass instantiation compiles to the same code (and registers) as
+// before split-K existed.
+template <GgmlType T, int kBM, bool kSplitK>
 __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams p) {
   using Shape = GemmShape<kBM>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -265,7 +276,9 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 1, warp_n = warp & 1;
   const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
-  const int steps = p.k / kBK;
+  // This CTA's K range, in kBK steps.
+  const int first_step = kSplitK ? int(blockIdx.z) * p.slice_steps : 0;
+  const int steps = kSplitK ? min(p.slice_steps, p.k / kBK - first_step) : p.k / kBK;
 
   auto load_a = [&](int step, int stage) {
 #pragma unroll
@@ -274,7 +287,7 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
       const int row = idx / kChunksPerRow, chunk = idx % kChunksPerRow;
       const int gm = m0 + row;
       const bool valid = gm < p.m;
-      const uint16_t* src = p.x + int64_t(valid ? gm : 0) * p.ldx + step * kBK + chunk * 8;
+      const uint16_t* src = p.x + int64_t(valid ? gm : 0) * p.ldx + (first_step + step) * kBK + chunk * 8;
       cp_async16(a_smem + stage * Shape::kAStageBytes + Tile::offset(row, chunk), src, valid);
     }
   };
@@ -302,9 +315,9 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
     if (s < steps) load_a(s, s);
     cp_async_commit();
   }
-  weights.load(w_row, 0);
+  weights.load(w_row, first_step * kBK);
   store_b(0);
-  if (steps > 1) weights.load(w_row, kBK);
+  if (steps > 1) weights.load(w_row, (first_step + 1) * kBK);
 
   for (int step = 0; step < steps; ++step) {
     // Groups committed so far: (kAStages - 1) + step; this step's A tile is the oldest pending one.
@@ -341,61 +354,159 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
 
     if (step + 1 < steps) {
       store_b((step + 1) & 1);  // buffer of step - 1: free since the barrier above
-      if (step + 2 < steps) weights.load(w_row, (step + 2) * kBK);
+      if (step + 2 < steps) weights.load(w_row, (first_step + step + 2) * kBK);
     }
   }
 
   // Epilogue: accumulator (i, j, e) is row 16i + lane/4 (+8 for e >= 2), column 8j + 2*(lane%4) + e%2.
+  if constexpr (kSplitK) {
+    float* plane = p.partial + int64_t(blockIdx.z) * p.m * p.n;
 #pragma unroll
-  for (int i = 0; i < Shape::kMFrags; ++i) {
+    for (int i = 0; i < Shape::kMFrags; ++i)
 #pragma unroll
-    for (int j = 0; j < Shape::kNFrags; ++j) {
-      const int col = n0 + warp_n * 64 + j * 8 + 2 * (lane & 3);
-      if (col >= p.n) continue;  // n is even, so col + 1 < n too
-      float2 bias = make_float2(0.0f, 0.0f);
-      if (p.bias) bias = *reinterpret_cast<const float2*>(p.bias + col);
+      for (int j = 0; j < Shape::kNFrags; ++j) {
+        const int col = n0 + warp_n * 64 + j * 8 + 2 * (lane & 3);
+        if (col >= p.n) continue;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2) + 8 * h;
-        if (row >= p.m) continue;
-        float2 v = make_float2(acc[i][j][2 * h] + bias.x, acc[i][j][2 * h + 1] + bias.y);
-        if (p.residual) {
-          const float2 r = *reinterpret_cast<const float2*>(p.residual + int64_t(row) * p.ldy + col);
-          v.x += r.x, v.y += r.y;
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2) + 8 * h;
+          if (row < p.m)
+            *reinterpret_cast<float2*>(plane + int64_t(row) * p.n + col) =
+                make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
         }
-        *reinterpret_cast<float2*>(p.y + int64_t(row) * p.ldy + col) = v;
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < Shape::kMFrags; ++i) {
+#pragma unroll
+      for (int j = 0; j < Shape::kNFrags; ++j) {
+        const int col = n0 + warp_n * 64 + j * 8 + 2 * (lane & 3);
+        if (col >= p.n) continue;  // n is even, so col + 1 < n too
+        float2 bias = make_float2(0.0f, 0.0f);
+        if (p.bias) bias = *reinterpret_cast<const float2*>(p.bias + col);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2) + 8 * h;
+          if (row >= p.m) continue;
+          float2 v = make_float2(acc[i][j][2 * h] + bias.x, acc[i][j][2 * h + 1] + bias.y);
+          if (p.residual) {
+            const float2 r = *reinterpret_cast<const float2*>(p.residual + int64_t(row) * p.ldy + col);
+            v.x += r.x, v.y += r.y;
+          }
+          *reinterpret_cast<float2*>(p.y + int64_t(row) * p.ldy + col) = v;
+        }
       }
     }
   }
 }
 
-template <GgmlType T, int kBM>
-void launch_typed(const GemmParams& p, cudaStream_t stream) {
+// y[r][c] = sum over slices s in order 0.. of partial[s][r][c] (+ bias[c]) (+ residual[r][c]):
+// the same operation order as the single-pass epilogue, and fixed, so results are deterministic.
+__global__ void splitk_reduce_kernel(const float* __restrict__ partial, int splits, int m, int n,
+                                     const float* __restrict__ bias, const float* residual, float* y,
+                                     int64_t ldy) {
+  const int half_n = n / 2;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(m) * half_n) return;
+  const int row = int(i / half_n), col = 2 * int(i % half_n);
+  const int64_t plane = int64_t(m) * n;
+  const float* src = partial + int64_t(row) * n + col;
+  float2 v = *reinterpret_cast<const float2*>(src);
+  for (int s = 1; s < splits; ++s) {
+    const float2 part = *reinterpret_cast<const float2*>(src + s * plane);
+    v.x += part.x, v.y += part.y;
+  }
+  if (bias) v.x += bias[col], v.y += bias[col + 1];
+  if (residual) {  // may alias y: this thread reads its element before writing it
+    const float2 r = *reinterpret_cast<const float2*>(residual + int64_t(row) * ldy + col);
+    v.x += r.x, v.y += r.y;
+  }
+  *reinterpret_cast<float2*>(y + int64_t(row) * ldy + col) = v;
+}
+
+template <GgmlType T, int kBM, bool kSplitK>
+void launch_typed(const GemmParams& p, int splits, cudaStream_t stream) {
   constexpr int smem = GemmShape<kBM>::kSmemBytes;
   static const cudaError_t attr_status = cudaFuncSetAttribute(
-      prefill_gemm_kernel<T, kBM>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      prefill_gemm_kernel<T, kBM, kSplitK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr_status != cudaSuccess)
     fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
-  const dim3 grid((p.m + kBM - 1) / kBM, (p.n + kBN - 1) / kBN);
-  prefill_gemm_kernel<T, kBM><<<grid, kThreads, smem, stream>>>(p);
+  const dim3 grid((p.m + kBM - 1) / kBM, (p.n + kBN - 1) / kBN, splits);
+  prefill_gemm_kernel<T, kBM, kSplitK><<<grid, kThreads, smem, stream>>>(p);
 }
 
 template <GgmlType T>
-void launch_for_type(const GemmParams& p, int m_tile, cudaStream_t stream) {
-  // 128-row m-tiles halve the weight dequantization per FLOP; 64-row tiles double the CTA count
-  // when 128 would leave the multiprocessors (two CTAs each) less than two waves of work.
-  static const int sm_count = [] {
-    int device = 0, count = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    return count > 0 ? count : 132;
-  }();
-  const int64_t tiles128 = ((p.m + 127) / 128) * int64_t((p.n + kBN - 1) / kBN);
-  if (m_tile == 0) m_tile = tiles128 >= 4 * int64_t(sm_count) ? 128 : 64;
-  if (m_tile == 128)
-    launch_typed<T, 128>(p, stream);
+void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
+  const bool split = plan.k_splits > 1;
+  if (plan.m_tile == 128)
+    split ? launch_typed<T, 128, true>(p, plan.k_splits, stream) : launch_typed<T, 128, false>(p, 1, stream);
   else
-    launch_typed<T, 64>(p, stream);
+    split ? launch_typed<T, 64, true>(p, plan.k_splits, stream) : launch_typed<T, 64, false>(p, 1, stream);
+}
+
+int multiprocessor_count() {
+  static const int count = [] {
+    int device = 0, n = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return n > 0 ? n : 132;
+  }();
+  return count;
+}
+
+bool split_k_disabled() {
+  const char* v = std::getenv("MINFER_NO_GEMM_SPLITK");
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+// Split-K cost model, in units of one 64-K step of a 128-row CTA while the SM holds two of them
+// (~2 us on the H200): the CTAs run in whole waves of 2 per SM (a partial last wave costs a full
+// one: the measured single-pass times at m = 512 fit that within 5%), each wave as long as its
+// slice plus a fixed prologue/epilogue, and the partial planes cost their traffic (written once,
+// read by the reduce mostly from L2) at about this many bytes per step. Slices shorter than
+// kMinSliceSteps are not considered (the fixed cost would dominate). k_splits = 1 is a candidate
+// too (128-row tiles, one pass). bench_prefill's split sweep checks the choice.
+constexpr int kMaxSplits = 8;
+constexpr int kMinSliceSteps = 8;
+constexpr double kSliceOverheadSteps = 2.0;
+constexpr double kPartialBytesPerStep = 16e6;
+
+int choose_splits(int64_t m, int64_t n, int steps, int64_t tiles128, int sm_count, size_t workspace_bytes) {
+  const int64_t slots = 2 * int64_t(sm_count);
+  const double plane_bytes = double(m) * double(n) * 4.0;
+  auto cost = [&](int splits) {
+    const int slice = (steps + splits - 1) / splits;
+    const int64_t waves = (tiles128 * splits + slots - 1) / slots;
+    const double traffic = splits > 1 ? (splits + 2) * plane_bytes / kPartialBytesPerStep : 0.0;
+    return double(waves) * (slice + kSliceOverheadSteps) + traffic;
+  };
+  int best = 1;
+  double best_cost = cost(1);
+  for (int splits = 2; splits <= kMaxSplits && splits * kMinSliceSteps <= steps; ++splits) {
+    if (splits * plane_bytes > double(workspace_bytes)) break;
+    const double c = cost(splits);
+    if (c < best_cost) best = splits, best_cost = c;
+  }
+  return best;
+}
+
+float* shared_workspace() {
+  static std::mutex mutex;
+  static std::map<int, float*> per_device;
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) fail("prefill GEMM: no current CUDA device");
+  const std::lock_guard<std::mutex> lock(mutex);
+  float*& buffer = per_device[device];
+  if (!buffer) {
+    const cudaError_t e = cudaMalloc(&buffer, kPrefillGemmWorkspaceBytes);
+    if (e != cudaSuccess) {
+      buffer = nullptr;
+      cudaGetLastError();
+      fail("prefill GEMM: cannot allocate the ", kPrefillGemmWorkspaceBytes >> 20,
+           " MiB split-K workspace: ", cudaGetErrorString(e));
+    }
+  }
+  return buffer;
 }
 
 bool is_k_type(GgmlType t) {
@@ -419,6 +530,30 @@ bool prefill_gemm_supports(GgmlType t) {
   }
 }
 
+PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
+  const int sm_count = multiprocessor_count();
+  const int steps = std::max(1, int(g.k / kBK));
+  const int64_t tiles128 = ((g.m + 127) / 128) * ((g.n + kBN - 1) / kBN);
+  // Without split-K, 128-row m-tiles halve the weight dequantization per FLOP, and 64-row tiles
+  // double the CTA count when 128 would leave the SMs (two CTAs each) less than two waves of work.
+  const bool enough_tiles = tiles128 >= 4 * int64_t(sm_count);
+  const size_t workspace_bytes = g.workspace ? g.workspace_bytes : kPrefillGemmWorkspaceBytes;
+  const bool single_pass = g.k_splits == 1 || (g.k_splits == 0 && (enough_tiles || split_k_disabled()));
+  PrefillGemmPlan plan;
+  if (single_pass) {
+    plan.m_tile = g.m_tile ? g.m_tile : (enough_tiles ? 128 : 64);
+    return plan;
+  }
+  // Small grid: split-K restores the CTA count, so the tiles can stay at 128 rows (half the
+  // dequantization per FLOP; the cost model counts waves of two per SM) unless m fits in 64.
+  plan.k_splits = g.k_splits ? g.k_splits : choose_splits(g.m, g.n, steps, tiles128, sm_count, workspace_bytes);
+  // Equal slices of whole steps, none empty.
+  const int slice = (steps + std::min(plan.k_splits, steps) - 1) / std::min(plan.k_splits, steps);
+  plan.k_splits = (steps + slice - 1) / slice;
+  plan.m_tile = g.m_tile ? g.m_tile : (g.m <= 64 ? 64 : 128);
+  return plan;
+}
+
 void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   const char* type_name = type_traits(g.w_type).name;
   if (!prefill_gemm_supports(g.w_type)) fail("prefill GEMM: no kernel for weight type ", type_name);
@@ -431,6 +566,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.ldy < g.n || g.ldy % 2 != 0) fail("prefill GEMM: ldy = ", g.ldy, " must be >= n = ", g.n, " and even");
   if (g.m_tile != 0 && g.m_tile != 64 && g.m_tile != 128)
     fail("prefill GEMM: m_tile ", g.m_tile, " is not 0, 64 or 128");
+  if (g.k_splits < 0) fail("prefill GEMM: k_splits ", g.k_splits, " is negative");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
   if (!g.w || !g.x || !g.y) fail("prefill GEMM: null weight, activation or output pointer");
@@ -439,17 +575,37 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
       reinterpret_cast<uintptr_t>(g.bias) % 8)
     fail("prefill GEMM: misaligned pointer (w, x need 16 bytes; y, bias, residual 8)");
 
+  if (g.workspace && reinterpret_cast<uintptr_t>(g.workspace) % 8)
+    fail("prefill GEMM: split-K workspace must be 8-byte aligned");
+
+  const PrefillGemmPlan plan = prefill_gemm_plan(g);
+  const int steps = int(g.k / kBK);
   GemmParams p{static_cast<const uint8_t*>(g.w), int64_t(row_bytes(g.w_type, g.k)),
-               int(g.n), int(g.k), int(g.m), g.x, g.ldx, g.y, g.ldy, g.bias, g.residual};
+               int(g.n), int(g.k), int(g.m), g.x, g.ldx, g.y, g.ldy, g.bias, g.residual,
+               (steps + plan.k_splits - 1) / plan.k_splits, nullptr};
+  if (plan.k_splits > 1) {
+    const size_t need = size_t(plan.k_splits) * size_t(g.m) * size_t(g.n) * sizeof(float);
+    const size_t have = g.workspace ? g.workspace_bytes : kPrefillGemmWorkspaceBytes;
+    if (need > have)
+      fail("prefill GEMM: ", plan.k_splits, " K slices of ", g.m, " x ", g.n, " need ", need,
+           " bytes of split-K workspace, more than the ", have, " available");
+    p.partial = g.workspace ? g.workspace : shared_workspace();
+  }
   switch (g.w_type) {
-    case GgmlType::Q4_K: launch_for_type<GgmlType::Q4_K>(p, g.m_tile, stream); break;
-    case GgmlType::Q5_K: launch_for_type<GgmlType::Q5_K>(p, g.m_tile, stream); break;
-    case GgmlType::Q6_K: launch_for_type<GgmlType::Q6_K>(p, g.m_tile, stream); break;
-    case GgmlType::Q8_0: launch_for_type<GgmlType::Q8_0>(p, g.m_tile, stream); break;
-    case GgmlType::F16: launch_for_type<GgmlType::F16>(p, g.m_tile, stream); break;
-    case GgmlType::BF16: launch_for_type<GgmlType::BF16>(p, g.m_tile, stream); break;
-    case GgmlType::F32: launch_for_type<GgmlType::F32>(p, g.m_tile, stream); break;
+    case GgmlType::Q4_K: launch_for_type<GgmlType::Q4_K>(p, plan, stream); break;
+    case GgmlType::Q5_K: launch_for_type<GgmlType::Q5_K>(p, plan, stream); break;
+    case GgmlType::Q6_K: launch_for_type<GgmlType::Q6_K>(p, plan, stream); break;
+    case GgmlType::Q8_0: launch_for_type<GgmlType::Q8_0>(p, plan, stream); break;
+    case GgmlType::F16: launch_for_type<GgmlType::F16>(p, plan, stream); break;
+    case GgmlType::BF16: launch_for_type<GgmlType::BF16>(p, plan, stream); break;
+    case GgmlType::F32: launch_for_type<GgmlType::F32>(p, plan, stream); break;
     default: break;
+  }
+  if (plan.k_splits > 1) {
+    constexpr int kBlock = 256;
+    const int64_t pairs = g.m * (g.n / 2);
+    splitk_reduce_kernel<<<unsigned((pairs + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+        p.partial, plan.k_splits, p.m, p.n, g.bias, g.residual, g.y, g.ldy);
   }
 }
 
