@@ -24,7 +24,7 @@ int run_run(int argc, char** argv) {
   CLI::App app{"Generate text from a prompt", "minfer run"};
   std::string model_path, prompt, backend = "auto";
   int n_predict = 128, n_ctx = 0, n_threads = 0;
-  bool ignore_eos = false;
+  bool ignore_eos = false, no_display_prompt = false;
   minfer::SamplerParams sp;
   app.add_option("-m,--model", model_path, "GGUF model (default: models/default.gguf or a synthesized tiny model)");
   app.add_option("-p,--prompt", prompt, "prompt text")->required();
@@ -34,6 +34,7 @@ int run_run(int argc, char** argv) {
   app.add_option("--backend", backend, "cpu, cuda or auto")->capture_default_str();
   app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past the end-of-generation token");
+  app.add_flag("--no-display-prompt", no_display_prompt, "print only the generated text, not the prompt first");
   CLI11_PARSE(app, argc, argv);
 
   model_path = minfer::cli::resolve_model_path(model_path);
@@ -65,6 +66,10 @@ int run_run(int argc, char** argv) {
     return sampler.sample(session.eval(tokens), history);
   };
 
+  if (!no_display_prompt) {
+    std::fputs(prompt.c_str(), stdout);
+    std::fflush(stdout);
+  }
   int n_generated = 0, n_decode_steps = 0;
   double gen_seconds = 0;
   const auto t_prompt = std::chrono::steady_clock::now();
