@@ -308,6 +308,14 @@ TEST(HfImport, ReadsVocabMergesAddedTokensAndConfig) {
             (std::vector<int32_t>{263, 259, 261}));
 }
 
+// transformers >= 4.43 saves the template as chat_template.jinja beside tokenizer_config.json.
+TEST(HfImport, ReadsChatTemplateFromItsOwnFile) {
+  const fs::path dir = write_hf_dir(tiny_hf_tokenizer(false), json{{"eos_token", "<|im_start|>"}});
+  const std::string tmpl = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}";
+  std::ofstream(dir / "chat_template.jinja") << tmpl;
+  EXPECT_EQ(minfer::import_hf_tokenizer(dir.string()).chat_template, tmpl);
+}
+
 TEST(HfImport, RejectsUnknownPreTokenizerAndTooSmallVocab) {
   json tj = tiny_hf_tokenizer(false);
   tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+|\\s+";
