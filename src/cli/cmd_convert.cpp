@@ -7,7 +7,7 @@
 
 #include "cli/command.h"
 #include "convert/convert.h"
-#include "convert/tensor_stream.h"
+#include "util/progress.h"
 
 namespace {
 
@@ -22,7 +22,7 @@ int run_convert(int argc, char** argv) {
   app.add_option("-t,--threads", opts.n_threads, "threads (0: all cores)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   opts.outtype = minfer::synth::parse_file_type(outtype);
-  opts.progress = minfer::convert::stderr_progress_bar("convert");
+  opts.progress = minfer::stderr_progress_bar("convert");
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t size = minfer::convert::convert_hf(opts);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -6,10 +6,10 @@
 
 #include "cli/command.h"
 #include "cli/common.h"
-#include "convert/tensor_stream.h"
 #include "engine/perplexity.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/progress.h"
 
 namespace minfer::cli {
 namespace {
@@ -42,7 +42,7 @@ int run_perplexity(int argc, char** argv) {
   Session session(model, opts);
   std::fprintf(stderr, "perplexity: %zu tokens, %zu windows of %d, backend %s\n", tokens.size(),
                tokens.size() / size_t(n_ctx), n_ctx, session.backend_name().c_str());
-  const auto bar = convert::stderr_progress_bar("perplexity");
+  const auto bar = stderr_progress_bar("perplexity");
   const PerplexityResult r =
       perplexity(session, tokens, n_ctx, tok.add_bos() ? tok.bos() : -1,
                  [&](int done, int total) { bar(double(done) / total); });

@@ -7,7 +7,7 @@
 
 #include "cli/command.h"
 #include "convert/quantize.h"
-#include "convert/tensor_stream.h"
+#include "util/progress.h"
 
 namespace {
 
@@ -21,7 +21,7 @@ int run_quantize(int argc, char** argv) {
   app.add_option("-t,--threads", opts.n_threads, "threads (0: all cores)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   opts.ftype = minfer::synth::parse_file_type(type);
-  opts.progress = minfer::convert::stderr_progress_bar("quantize " + type);
+  opts.progress = minfer::stderr_progress_bar("quantize " + type);
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t size = minfer::convert::quantize_file(opts);
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

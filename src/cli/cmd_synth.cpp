@@ -7,7 +7,7 @@
 
 #include "cli/command.h"
 #include "convert/synth.h"
-#include "convert/tensor_stream.h"
+#include "util/progress.h"
 
 namespace {
 
@@ -39,7 +39,7 @@ int run_synth(int argc, char** argv) {
     return 1;
   }
   if (opts.tokenizer.empty() && opts.preset != "tiny") setenv("MINFER_SOURCE_DIR", MINFER_SOURCE_DIR, 0);
-  if (!opts.dry_run) opts.progress = minfer::convert::stderr_progress_bar("synth " + opts.preset);
+  if (!opts.dry_run) opts.progress = minfer::stderr_progress_bar("synth " + opts.preset);
   const auto t0 = std::chrono::steady_clock::now();
   const uint64_t size = synth::write_model(opts);
   if (!opts.dry_run) {

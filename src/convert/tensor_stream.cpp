@@ -1,9 +1,6 @@
 #include "convert/tensor_stream.h"
 
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstdio>
 #include <future>
 #include <memory>
 
@@ -64,22 +61,6 @@ uint64_t write_gguf(const std::string& path, const Metadata& md, const std::vect
   if (pending.valid()) pending.get();
   writer.finish();
   return file_size;
-}
-
-std::function<void(double)> stderr_progress_bar(std::string label) {
-  const bool tty = isatty(STDERR_FILENO);
-  auto last = std::make_shared<int>(-1);
-  return [label = std::move(label), tty, last](double fraction) {
-    const int percent = int(std::clamp(fraction, 0.0, 1.0) * 100.0);
-    if (percent == *last || (!tty && percent % 10 != 0 && percent != 100)) return;
-    *last = percent;
-    constexpr int kWidth = 40;
-    const int filled = percent * kWidth / 100;
-    std::fprintf(stderr, "%s%s [%.*s%*s] %3d%%%s", tty ? "\r" : "", label.c_str(), filled,
-                 "########################################", kWidth - filled, "", percent,
-                 tty && percent < 100 ? "" : "\n");
-    std::fflush(stderr);
-  };
 }
 
 }  // namespace minfer::convert

@@ -31,8 +31,4 @@ struct StreamOptions {
 uint64_t write_gguf(const std::string& path, const Metadata& md, const std::vector<OutTensor>& tensors,
                     const StreamOptions& opts);
 
-// A progress callback that draws "label [#####     ] 42%" on stderr when stderr is a terminal,
-// and a line per 10% otherwise.
-std::function<void(double)> stderr_progress_bar(std::string label);
-
 }  // namespace minfer::convert

@@ -16,6 +16,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
 #include "util/error.h"
+#include "util/progress.h"
 
 namespace minfer {
 
@@ -255,18 +256,19 @@ void CudaBackend::Impl::upload_weights(LoadStats& stats) {
   };
   std::vector<std::thread> threads;
   for (int i = 0; i < n_threads; ++i) threads.emplace_back(worker);
-  if (progress) {
+  const auto bar = progress ? stderr_progress_bar(str_cat("loading ", total >> 20, " MiB of weights to the GPU"))
+                            : std::function<void(double)>();
+  if (bar) {
     int64_t payload = 0;
     for (const Tensor* t : tensors) payload += int64_t(t->nbytes);
     while (done < payload && !failed) {
-      std::fprintf(stderr, "\rloading weights to the GPU %3d%% (%.1f / %.1f GB)",
-                   int(100.0 * double(done) / double(payload)), double(done) / 1e9, double(payload) / 1e9);
+      bar(double(done) / double(payload));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
   }
   for (auto& t : threads) t.join();
-  if (progress) std::fprintf(stderr, "\rloading weights to the GPU 100%% (%.1f GB)            \n", double(total) / 1e9);
   if (failed) fail(error);
+  if (bar) bar(1.0);
   stats.upload_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
