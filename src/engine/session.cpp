@@ -41,43 +41,42 @@ void Session::check_fits(size_t n_new) const {
          model_.hp.n_ctx_train, " for this model)");
 }
 
-std::span<const float> Session::eval(std::span<const int32_t> tokens) {
+template <typename Fn>
+void Session::for_each_ubatch(std::span<const int32_t> tokens, Fn&& fn) {
   check_fits(tokens.size());
   for (size_t begin = 0; begin < tokens.size(); begin += size_t(ubatch_)) {
     const size_t n = std::min(tokens.size() - begin, size_t(ubatch_));
-    backend_->forward({tokens.subspan(begin, n), n_past_, false}, logits_);
+    fn(Batch{tokens.subspan(begin, n), n_past_, false}, begin + n == tokens.size());
     n_past_ += int(n);
   }
+}
+
+std::span<const float> Session::eval(std::span<const int32_t> tokens) {
+  for_each_ubatch(tokens, [&](const Batch& batch, bool) { backend_->forward(batch, logits_); });
   return logits_;
 }
 
 std::span<const float> Session::eval_all(std::span<const int32_t> tokens) {
-  check_fits(tokens.size());
   std::vector<float> all;
   all.reserve(tokens.size() * size_t(model_.hp.n_vocab));
-  for (size_t begin = 0; begin < tokens.size(); begin += size_t(ubatch_)) {
-    const size_t n = std::min(tokens.size() - begin, size_t(ubatch_));
-    backend_->forward({tokens.subspan(begin, n), n_past_, true}, logits_);
+  for_each_ubatch(tokens, [&](Batch batch, bool) {
+    batch.all_logits = true;
+    backend_->forward(batch, logits_);
     all.insert(all.end(), logits_.begin(), logits_.end());
-    n_past_ += int(n);
-  }
+  });
   logits_ = std::move(all);
   return logits_;
 }
 
 int32_t Session::eval_greedy(std::span<const int32_t> tokens) {
-  check_fits(tokens.size());
   if (tokens.empty()) fail("eval_greedy: no tokens to evaluate");
   int32_t next = -1;
-  for (size_t begin = 0; begin < tokens.size(); begin += size_t(ubatch_)) {
-    const size_t n = std::min(tokens.size() - begin, size_t(ubatch_));
-    const Batch batch{tokens.subspan(begin, n), n_past_, false};
-    if (begin + n < tokens.size())
-      backend_->forward(batch, logits_);
-    else
+  for_each_ubatch(tokens, [&](const Batch& batch, bool is_last) {
+    if (is_last)
       next = backend_->forward_greedy(batch);
-    n_past_ += int(n);
-  }
+    else
+      backend_->forward(batch, logits_);
+  });
   return next;
 }
 

@@ -39,6 +39,10 @@ class Session {
 
  private:
   void check_fits(size_t n_new) const;
+  // Checks the context limit, then calls fn(batch, is_last) for each micro-batch of tokens and
+  // advances n_past after each.
+  template <typename Fn>
+  void for_each_ubatch(std::span<const int32_t> tokens, Fn&& fn);
   const Model& model_;
   Graph graph_;
   std::unique_ptr<Backend> backend_;
