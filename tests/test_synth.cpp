@@ -114,10 +114,16 @@ TEST(SynthRope, Llama3DivisorsFollowTheWavelengthBands) {
   ASSERT_EQ(d.size(), 64u);
   for (int i = 0; i < 64; ++i) {
     const double wavelen = 2 * M_PI * std::pow(500000.0, 2.0 * i / 128);
-    if (wavelen < 8192 / 4.0) EXPECT_EQ(d[i], 1.0f) << i;
-    else if (wavelen > 8192) EXPECT_EQ(d[i], 8.0f) << i;
-    else EXPECT_TRUE(d[i] > 1.0f && d[i] < 8.0f) << i;
-    if (i) EXPECT_GE(d[i], d[i - 1]);
+    if (wavelen < 8192 / 4.0) {
+      EXPECT_EQ(d[i], 1.0f) << i;
+    } else if (wavelen > 8192) {
+      EXPECT_EQ(d[i], 8.0f) << i;
+    } else {
+      EXPECT_TRUE(d[i] > 1.0f && d[i] < 8.0f) << i;
+    }
+    if (i) {
+      EXPECT_GE(d[i], d[i - 1]);
+    }
   }
 }
 
