@@ -36,7 +36,8 @@ void check(cudaError_t e, const char* what) {
 
 struct DeviceMemory {
   void* ptr = nullptr;
-  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&ptr, bytes), "cudaMalloc"); }
+  size_t bytes = 0;
+  explicit DeviceMemory(size_t n) : bytes(n) { check(cudaMalloc(&ptr, n), "cudaMalloc"); }
   ~DeviceMemory() { cudaFree(ptr); }
 };
 
@@ -96,6 +97,8 @@ void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, in
   g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
   g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
+  DeviceMemory workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g), 256));
+  g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
   time_with_events(state, 2.0 * double(m) * double(n) * double(k),
                    [&] { cuda::launch_prefill_gemm(g, nullptr); });
   const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
@@ -106,7 +109,6 @@ void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, in
 void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {
   constexpr int hd = 128;
   const int64_t kv_width = int64_t(n_kv_head) * hd, q_width = int64_t(n_head) * hd;
-  const size_t cache = size_t(pos0 + m) * kv_width;
   DeviceMemory q(size_t(m * q_width) * 4), out(size_t(m * q_width) * 4);
   {
     std::mt19937_64 rng(7);
@@ -115,12 +117,27 @@ void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, 
     for (float& v : host) v = normal(rng);
     check(cudaMemcpy(q.ptr, host.data(), host.size() * 4, cudaMemcpyHostToDevice), "upload q");
   }
+  // One sequence whose cache blocks (64 positions) lie in order.
+  constexpr int kBlock = 64;
+  const std::vector<cuda::PrefillChunk> chunks = {{0, m, pos0, 0}};
+  const std::vector<cuda::PrefillTile> tiles = cuda::prefill_attention_tiles(chunks);
+  std::vector<int32_t> table((pos0 + m + kBlock - 1) / kBlock);
+  for (size_t b = 0; b < table.size(); ++b) table[b] = int32_t(b);
+  DeviceMemory d_chunks(chunks.size() * sizeof(cuda::PrefillChunk)), d_tiles(tiles.size() * sizeof(cuda::PrefillTile)),
+      d_table(table.size() * 4);
+  check(cudaMemcpy(d_chunks.ptr, chunks.data(), d_chunks.bytes, cudaMemcpyHostToDevice), "upload chunks");
+  check(cudaMemcpy(d_tiles.ptr, tiles.data(), d_tiles.bytes, cudaMemcpyHostToDevice), "upload tiles");
+  check(cudaMemcpy(d_table.ptr, table.data(), d_table.bytes, cudaMemcpyHostToDevice), "upload table");
   cuda::PrefillAttention a;
   a.q = static_cast<const float*>(q.ptr), a.ldq = q_width;
-  a.k_cache = static_cast<const uint16_t*>(device_random_16bit(cache, false, 5));
-  a.v_cache = static_cast<const uint16_t*>(device_random_16bit(cache, false, 6));
+  a.k_cache = static_cast<const uint16_t*>(device_random_16bit(table.size() * kBlock * kv_width, false, 5));
+  a.v_cache = static_cast<const uint16_t*>(device_random_16bit(table.size() * kBlock * kv_width, false, 6));
   a.ld_kv = kv_width, a.out = static_cast<float*>(out.ptr), a.ldo = q_width;
-  a.m = m, a.pos0 = pos0, a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
+  a.chunks = static_cast<const cuda::PrefillChunk*>(d_chunks.ptr);
+  a.tiles = static_cast<const cuda::PrefillTile*>(d_tiles.ptr);
+  a.n_tiles = int(tiles.size());
+  a.tables = static_cast<const int32_t*>(d_table.ptr), a.block_size = kBlock;
+  a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(float(hd));
   double keys = 0;  // causal: token i sees pos0 + i + 1 positions
   for (int i = 0; i < m; ++i) keys += pos0 + i + 1;

@@ -234,7 +234,7 @@ TEST_P(HfOracle, F32LogitsAndGreedyContinuationsMatchTransformers) {
     int32_t next = session.eval_greedy(ids);
     for (int k = 0; k < 32; ++k) {
       greedy.push_back(next);
-      if (k + 1 < 32) next = session.eval_greedy(std::vector<int32_t>{next});
+      if (k + 1 < 32) next = session.decode_greedy(next);
     }
     EXPECT_EQ(greedy, p["greedy"].get<std::vector<int32_t>>()) << "prompt of " << ids.size() << " tokens";
   }

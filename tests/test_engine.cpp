@@ -190,7 +190,7 @@ TEST_P(EngineTypes, GreedyIsDeterministicAndMatchesArgmax) {
     int32_t next = fast_path ? s.eval_greedy(prompt) : argmax(s.eval(prompt));
     for (int i = 0; i < 6; ++i) {
       out.push_back(next);
-      next = fast_path ? s.eval_greedy(std::span(&out.back(), 1)) : argmax(s.eval(std::span(&out.back(), 1)));
+      next = fast_path ? s.decode_greedy(out.back()) : argmax(s.decode(out.back()));
     }
     return out;
   };
@@ -219,7 +219,7 @@ TEST(Engine, SeededSamplingIsDeterministic) {
     std::span<const float> logits = s.eval(prompt);
     for (int i = 0; i < 12; ++i) {
       history.push_back(sampler.sample(logits, history));
-      logits = s.eval(std::span(&history.back(), 1));
+      logits = s.decode(history.back());
     }
     return history;
   };

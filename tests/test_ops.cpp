@@ -113,19 +113,20 @@ INSTANTIATE_TEST_SUITE_P(WeightTypes, MatMulTypes,
                          [](const auto& info) { return std::string(type_traits(info.param).name); });
 
 void expect_rope(RopeType type, bool with_factors) {
-  const int n_tokens = 4, n_heads = 3, head_dim = 16, pos0 = 7;
+  const int n_tokens = 4, n_heads = 3, head_dim = 16;
+  const std::vector<int32_t> positions = {7, 3, 1000, 8};  // tokens of different sequences
   const float base = 10000.0f, freq_scale = 0.5f;
   std::vector<float> factors(head_dim / 2);
   for (int i = 0; i < head_dim / 2; ++i) factors[size_t(i)] = 1.0f + 0.5f * float(i);
   const std::vector<float> x = random_normal(size_t(n_tokens * n_heads * head_dim), 1.0f, 6);
   std::vector<float> y = x;
   const cpu::RopeTable tab =
-      cpu::rope_table(pos0, n_tokens, head_dim, base, freq_scale, with_factors ? factors.data() : nullptr);
+      cpu::rope_table(positions, head_dim, base, freq_scale, with_factors ? factors.data() : nullptr);
   cpu::rope(y.data(), n_heads, head_dim, tab, type);
   for (int t = 0; t < n_tokens; ++t)
     for (int h = 0; h < n_heads; ++h)
       for (int i = 0; i < head_dim / 2; ++i) {
-        double theta = (pos0 + t) * double(freq_scale) * std::pow(double(base), -2.0 * i / head_dim);
+        double theta = positions[size_t(t)] * double(freq_scale) * std::pow(double(base), -2.0 * i / head_dim);
         if (with_factors) theta /= factors[size_t(i)];
         const size_t head = size_t((t * n_heads + h) * head_dim);
         const size_t a = head + size_t(type == RopeType::NeoX ? i : 2 * i);
@@ -139,15 +140,18 @@ TEST(Ops, RopeNormal) { expect_rope(RopeType::Normal, false); }
 TEST(Ops, RopeNeoX) { expect_rope(RopeType::NeoX, false); }
 TEST(Ops, RopeWithFrequencyFactors) { expect_rope(RopeType::Normal, true); }
 
-TEST(Ops, AttentionCausalGqaWithCache) {
-  const int n_head = 4, n_head_kv = 2, head_dim = 16, n_ctx = 10, first = 5, second = 3;
+// The cache is paged: blocks of 3 positions in a scrambled order, so position p of the sequence
+// lives far from p - 1.
+TEST(Ops, AttentionCausalGqaWithPagedCache) {
+  const int n_head = 4, n_head_kv = 2, head_dim = 16, first = 5, second = 3, block_size = 3;
   const int total = first + second;
   const int qw = n_head * head_dim, kvw = n_head_kv * head_dim;
   const std::vector<float> q = random_normal(size_t(total * qw), 1.0f, 7);
   const std::vector<float> k = random_normal(size_t(total * kvw), 1.0f, 8);
   const std::vector<float> v = random_normal(size_t(total * kvw), 1.0f, 9);
-  std::vector<float> k_cache(size_t(n_ctx * kvw)), v_cache(size_t(n_ctx * kvw));
-  const cpu::KvCacheView cache{k_cache.data(), v_cache.data(), n_ctx};
+  const std::vector<int32_t> blocks = {4, 0, 2};  // of a pool of 5
+  std::vector<float> k_cache(size_t(5 * block_size * kvw)), v_cache(size_t(5 * block_size * kvw));
+  const cpu::KvSeqView cache{k_cache.data(), v_cache.data(), block_size, blocks};
   ThreadPool pool(2);
   std::vector<float> out(size_t(total * qw));
   // A prefill of `first` tokens, then `second` more that must see the cached ones.

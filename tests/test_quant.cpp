@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "quant/canonical_dot.h"
 #include "quant/quant.h"
 #include "support.h"
 #include "util/error.h"
@@ -419,6 +420,27 @@ TEST(QuantDot, Pad40IntegerPartIsExact) {
     EXPECT_EQ(double(vec_dot_pad40(t, w.data(), x.data(), n)), want) << type_traits(t).name;
     EXPECT_EQ(double(vec_dot_pad40_portable(t, w.data(), x.data(), n)), want) << type_traits(t).name;
   }
+}
+
+// The canonical summation order of the decode matmuls is a dot product like any other: against the
+// float64 reference, for row lengths of whole, partial (q8_0 past a 256-column group) and many
+// groups.
+TEST(QuantDot, CanonicalOrderMatchesFloat64Reference) {
+  auto rng = make_rng(14);
+  for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0}) {
+    ASSERT_TRUE(has_canonical_dot(t));
+    for (int64_t n : {int64_t(256), int64_t(3584), int64_t(18944), int64_t(t == GgmlType::Q8_0 ? 544 : 512)}) {
+      const auto w = random_weight_row(t, n, rng, [](std::mt19937_64& r) {
+        return std::ldexp(1.0f, uniform_int(r, -12, -4)) * (1.0f + float(r() % 1000) / 1000.0f);
+      });
+      const auto x = random_pad40(n, rng, false);
+      double abs_sum = 0;
+      const double want = reference_dot(t, w.data(), x, n, &abs_sum);
+      EXPECT_NEAR(canonical_dot(t, w.data(), x.data(), n), want, 1e-5 * abs_sum + 1e-30)
+          << type_traits(t).name << " n=" << n;
+    }
+  }
+  EXPECT_FALSE(has_canonical_dot(GgmlType::Q4_0));
 }
 
 TEST(QuantDot, QuantizedWeightsAgainstQuantizedActivations) {

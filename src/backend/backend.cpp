@@ -4,21 +4,43 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "sampling/sampler.h"
 #include "util/error.h"
 
 namespace minfer {
 
-int32_t Backend::forward_greedy(const Batch& batch) {
-  std::vector<float> logits;
-  Batch last_only = batch;
-  last_only.all_logits = false;
-  forward(last_only, logits);
-  return argmax(logits);
+void validate_step(const StepBatch& b, int max_tokens, int n_blocks, int block_size, int n_vocab) {
+  const int n = int(b.tokens.size());
+  if (max_tokens == 0) fail("backend: forward before reserve");
+  if (n == 0 || n > max_tokens) fail("backend: a step of ", n, " tokens (allowed 1 .. ", max_tokens, ")");
+  int row = 0;
+  bool prompt_seen = false;
+  for (const SeqChunk& c : b.chunks) {
+    if (c.row != row || c.n_tokens <= 0 || c.row + c.n_tokens > n)
+      fail("backend: chunk rows ", c.row, " + ", c.n_tokens, " do not continue row ", row, " of ", n);
+    if (c.decode && (c.n_tokens != 1 || prompt_seen))
+      fail("backend: a decode chunk must be one token and come before the prompt chunks");
+    prompt_seen |= !c.decode;
+    if (c.pos < 0) fail("backend: negative position ", c.pos);
+    const int64_t end = int64_t(c.pos) + c.n_tokens;
+    if (end > int64_t(c.blocks.size()) * block_size)
+      fail("backend: positions ", c.pos, " .. ", end - 1, " do not fit the sequence's ", c.blocks.size(),
+           " KV blocks of ", block_size, " positions");
+    for (int32_t blk : c.blocks)
+      if (blk < 0 || blk >= n_blocks) fail("backend: KV block ", blk, " outside the pool of ", n_blocks);
+    row += c.n_tokens;
+  }
+  if (row != n) fail("backend: the chunks cover ", row, " of ", n, " tokens");
+  for (int32_t t : b.tokens)
+    if (t < 0 || t >= n_vocab) fail("token id ", t, " is outside the vocabulary (", n_vocab, " tokens)");
+  if (b.copy_logits.size() != b.output_rows.size())
+    fail("backend: ", b.output_rows.size(), " output rows but ", b.copy_logits.size(), " logits flags");
+  for (size_t i = 0; i < b.output_rows.size(); ++i)
+    if (b.output_rows[i] < 0 || b.output_rows[i] >= n || (i > 0 && b.output_rows[i] <= b.output_rows[i - 1]))
+      fail("backend: output rows must be ascending rows of the step");
 }
 
 #ifndef MINFER_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(const Model&, const Graph&) {
+std::unique_ptr<Backend> make_cuda_backend(const Model&) {
   fail("the CUDA backend is not available: minfer was built without CUDA (use --backend cpu)");
 }
 bool cuda_available() { return false; }

@@ -1,5 +1,6 @@
-// The interface every backend implements (CPU reference, CUDA). A backend owns its KV cache and
-// activation buffers; the Session above it does chunking, position bookkeeping and limits.
+// The interface every backend implements (CPU reference, CUDA): one forward step over tokens of
+// many sequences whose KV cache lives in fixed-size blocks. The backend owns the KV storage and
+// its activation buffers; which sequence owns which block is the engine's business (kv_pool.h).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -11,30 +12,67 @@
 
 namespace minfer {
 
-struct Batch {
-  std::span<const int32_t> tokens;  // n_tokens = tokens.size() <= max_batch()
-  int pos = 0;                      // position of tokens[0]; the cache holds positions [0, pos)
-  bool all_logits = false;          // logits for every token (perplexity) or only the last
+// One sequence's tokens in a step: rows [row, row + n_tokens) of the step are its positions
+// [pos, pos + n_tokens). Position p of the sequence lives in block blocks[p / block_size] at
+// offset p % block_size; the blocks must cover [0, pos + n_tokens).
+struct SeqChunk {
+  int row = 0;
+  int n_tokens = 0;
+  int pos = 0;
+  std::span<const int32_t> blocks;
+  // A generated token (n_tokens == 1): runs on the decode kernels. Prompt tokens (any count, even
+  // one) run on the prompt kernels. Which kernels a token meets depends only on this flag, never
+  // on what else is in the step, so a sequence's results do not depend on the batch around it.
+  bool decode = false;
+};
+
+struct StepBatch {
+  std::span<const int32_t> tokens;
+  // Decode chunks first, then prompt chunks; rows in order, together covering every token.
+  std::span<const SeqChunk> chunks;
+  // Ascending rows whose output is wanted (argmax always; the logits row when copy_logits is set
+  // for that output).
+  std::span<const int32_t> output_rows;
+  std::span<const uint8_t> copy_logits;  // one flag per output row
+};
+
+struct StepOutput {
+  std::vector<int32_t> argmax;  // one per output row (first index on ties)
+  std::vector<float> logits;    // n_vocab floats per output row whose copy_logits flag is set
+};
+
+struct BlockCopy {
+  int32_t src = 0, dst = 0;
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
-  // Allocates the KV cache for n_ctx positions and buffers for batches up to max_batch tokens.
-  virtual void reserve(int n_ctx, int max_batch) = 0;
-  virtual int max_batch() const = 0;
-  // Runs the graph; logits gets n_vocab floats per requested token, row-major.
-  virtual void forward(const Batch& batch, std::vector<float>& logits) = 0;
-  // Runs the graph and returns argmax of the last token's logits (the CUDA backend does this on
-  // the device and copies back one int).
-  virtual int32_t forward_greedy(const Batch& batch);
+  // Bytes of KV storage one block of block_size positions takes (every layer, K and V).
+  virtual int64_t kv_block_bytes(int block_size) const = 0;
+  // Bytes of activation buffers for steps of up to max_tokens tokens.
+  virtual int64_t workspace_bytes(int max_tokens) const = 0;
+  // Memory this backend can still allocate (host RAM or free device memory).
+  virtual int64_t memory_available() const = 0;
+  // Allocates n_blocks KV blocks of block_size positions and buffers for steps of up to
+  // max_tokens tokens. Once only.
+  virtual void reserve(int n_blocks, int block_size, int max_tokens) = 0;
+  virtual int max_tokens() const = 0;
+  // Copies whole blocks (every layer, K and V): the engine's copy-on-write of shared blocks.
+  virtual void copy_blocks(std::span<const BlockCopy> copies) = 0;
+  virtual void forward(const StepBatch& batch, StepOutput& out) = 0;
 };
 
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, const Graph& graph, int n_threads);
+// The backend keeps a reference to the model, which must outlive it.
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, int n_threads);
 // Throws minfer::Error when minfer was built without CUDA or no device is present.
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const Graph& graph);
+std::unique_ptr<Backend> make_cuda_backend(const Model& model);
 bool cuda_available();
+
+// Checks a step against the backend's limits (rows, chunk order, positions, block tables) and
+// throws minfer::Error naming the first problem. Both backends call it first.
+void validate_step(const StepBatch& batch, int max_tokens, int n_blocks, int block_size, int n_vocab);
 
 // MINFER_DUMP=DIR: each backend calls this after every node (step = forward call index).
 // Writes DIR/stepNNNN/NN_name.bin (header: rows, cols; then f32 data). Returns false when off.

@@ -1,7 +1,9 @@
-// minfer bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [-r 5] [-o md|json|csv] [--census]
-//              [--sweep FILE.csv]
-// llama-bench's table (model, size, params, backend, test, t/s mean ± sd) plus tg's share of the
-// memory roofline: bytes one decode step reads / the device-to-device copy rate measured here.
+// minfer bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [--batch 1,8,32,64] [-r 5]
+//              [-o md|json|csv] [--census] [--sweep FILE.csv]
+// llama-bench's table (model, size, params, backend, test, t/s mean ± sd) plus the share of the
+// memory roofline: bytes one decode step reads (weights once, plus every sequence's KV) / the
+// device-to-device copy rate measured here. --batch B runs B sequences decoding together
+// ("tg128 x32": aggregate t/s of all B, and the time of one step).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -11,10 +13,9 @@
 #include <random>
 #include <sstream>
 
-#include "backend/backend.h"
 #include "cli/command.h"
 #include "cli/common.h"
-#include "graph/graph.h"
+#include "engine/engine.h"
 #include "util/error.h"
 #ifdef MINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -30,6 +31,7 @@ struct Row {
   int depth = 0;
   bool is_tg = false;
   int n = 0;
+  int batch = 1;
   std::vector<double> tps;
   double mean() const {
     double s = 0;
@@ -76,49 +78,71 @@ std::string params_label(int64_t n) {
   return buf;
 }
 
+// Runs the tests on one engine: a base sequence filled to the depth once, forks of it for each
+// repetition (the depth's blocks shared copy-on-write, as a prefix cache would share them).
 class Bench {
  public:
-  Bench(const Model& model, Backend& backend, int ubatch, uint64_t seed)
-      : model_(model), backend_(backend), ubatch_(ubatch), rng_(seed) {}
+  Bench(Engine& engine, uint64_t seed) : engine_(engine), base_(engine.kv()), step_(engine), rng_(seed) {}
 
   std::vector<int32_t> tokens(int n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
-    for (auto& x : t) x = int32_t(rng_() % uint64_t(model_.hp.n_vocab));
+    for (auto& x : t) x = int32_t(rng_() % uint64_t(engine_.model().hp.n_vocab));
     return t;
   }
-  // Prompt processing of n tokens at pos in ubatch chunks; returns seconds.
-  double prompt(int n, int pos) {
+  void fill_depth(int depth) {
+    base_.release();
+    if (depth > 0) prompt(base_, tokens(depth));
+  }
+  // Prompt processing of n tokens after the depth, in steps of max_tokens; returns seconds.
+  double prompt(int n) {
+    KvPool::Sequence seq = base_.fork(base_.n_tokens());
     const auto t = tokens(n);
-    std::vector<float> logits;
     const auto t0 = Clock::now();
-    for (int b = 0; b < n; b += ubatch_) {
-      const int m = std::min(ubatch_, n - b);
-      backend_.forward({std::span<const int32_t>(t).subspan(size_t(b), size_t(m)), pos + b, false}, logits);
-    }
+    prompt(seq, t);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  // n greedy decode steps from pos; returns seconds.
-  double generate(int n, int pos) {
-    int32_t tok = tokens(1)[0];
+  // n greedy decode steps of `batch` sequences after the depth; returns seconds.
+  double generate(int n, int batch) {
+    std::vector<KvPool::Sequence> seqs;
+    for (int b = 0; b < batch; ++b) seqs.push_back(base_.fork(base_.n_tokens()));
+    std::vector<int32_t> next = tokens(batch);
     const auto t0 = Clock::now();
     for (int i = 0; i < n; ++i) {
-      const int32_t in[1] = {tok};
-      tok = backend_.forward_greedy({in, pos + i, false});
+      step_.clear();
+      for (int b = 0; b < batch; ++b)
+        if (step_.add(seqs[size_t(b)], std::span<const int32_t>(&next[size_t(b)], 1), true, Step::Output::Last, false) < 0)
+          fail("bench: no room for ", batch, " sequences at depth ", base_.n_tokens() + i,
+               " (KV pool of ", engine_.kv().n_blocks(), " blocks)");
+      step_.run();
+      for (int b = 0; b < batch; ++b) next[size_t(b)] = step_.argmax(b)[0];
     }
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
 
  private:
-  const Model& model_;
-  Backend& backend_;
-  int ubatch_;
+  void prompt(KvPool::Sequence& seq, const std::vector<int32_t>& t) {
+    const int chunk = engine_.max_tokens();
+    for (size_t b = 0; b < t.size(); b += size_t(chunk)) {
+      const size_t m = std::min(t.size() - b, size_t(chunk));
+      step_.clear();
+      const bool last = b + m == t.size();
+      if (step_.add(seq, std::span<const int32_t>(t).subspan(b, m), false,
+                    last ? Step::Output::Last : Step::Output::None, false) < 0)
+        fail("bench: the KV pool has no room for the prompt");
+      step_.run();
+    }
+  }
+
+  Engine& engine_;
+  KvPool::Sequence base_;
+  Step step_;
   std::mt19937_64 rng_;
 };
 
 void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, const std::string& title) {
   std::vector<const Row*> tg;
   for (const Row& r : rows)
-    if (r.is_tg) tg.push_back(&r);
+    if (r.is_tg && r.batch == 1) tg.push_back(&r);
   std::ofstream csv(csv_path);
   if (!csv) fail("cannot write ", csv_path);
   csv << "depth,tg_tokens,tps_mean,tps_sd\n";
@@ -159,37 +183,48 @@ void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, cons
 
 int run_bench(int argc, char** argv) {
   CLI::App app{"Throughput of prompt processing (pp) and generation (tg), llama-bench style"};
-  std::string model_path, p_list = "512", n_list = "128", d_list = "0", output = "md", sweep,
+  std::string model_path, p_list = "512", n_list = "128", d_list = "0", b_list = "1", output = "md", sweep,
               backend_name = "auto";
-  int reps = 5, ubatch = 512;
+  int reps = 5, ubatch = 512, block_size = kDefaultKvBlockSize;
   bool census = false;
   app.add_option("-m,--model", model_path, "GGUF model (default: the embedded default model)");
   app.add_option("-p,--n-prompt", p_list, "prompt lengths, comma separated (0: none)");
   app.add_option("-n,--n-gen", n_list, "generation lengths, comma separated (0: none)");
   app.add_option("-d,--n-depth", d_list, "KV-cache depths to run each test at, comma separated");
+  app.add_option("--batch", b_list, "sequences decoding together in the tg tests, comma separated");
   app.add_option("-r,--repetitions", reps, "repetitions of each test")->check(CLI::Range(1, 1000));
   app.add_option("-o,--output", output, "md | json | csv")->check(CLI::IsMember({"md", "json", "csv"}));
-  app.add_option("-b,-u,--ubatch-size", ubatch, "tokens per forward call")->check(CLI::Range(1, 65536));
+  app.add_option("-b,-u,--ubatch-size", ubatch, "tokens per forward step")->check(CLI::Range(1, 65536));
+  app.add_option("--kv-block-size", block_size, "KV positions per cache block")->check(CLI::Range(1, 4096));
   app.add_option("--backend", backend_name, "cuda | cpu | auto");
-  app.add_flag("--census", census, "list the kernels of one decode step (CUDA)");
+  app.add_flag("--census", census, "list the kernels of one decode step of the first batch size (CUDA)");
   app.add_option("--sweep", sweep, "write tg t/s against depth to this CSV and an SVG beside it");
   CLI11_PARSE(app, argc, argv);
-  const std::vector<int> ps = parse_list(p_list), ns = parse_list(n_list), ds = parse_list(d_list);
+  const std::vector<int> ps = parse_list(p_list), ns = parse_list(n_list), ds = parse_list(d_list),
+                         bs = parse_list(b_list);
   if (ds.empty()) fail("bench: -d needs at least one depth");
+  if (bs.empty()) fail("bench: --batch needs at least one batch size");
+  for (int b : bs)
+    if (b <= 0) fail("bench: batch size ", b, " must be positive");
 
   const auto t_load = Clock::now();
   const Model model = Model::load(resolve_model_path(model_path));
-  const Graph graph = build_graph(model);
-  const bool use_cuda = backend_name == "cuda" || (backend_name == "auto" && cuda_available());
-  std::unique_ptr<Backend> backend = use_cuda ? make_cuda_backend(model, graph)
-                                              : make_cpu_backend(model, graph, 0);
-  int max_p = ubatch, max_n = 1, max_d = 0;
+  int max_p = 0, max_n = 1, max_d = 0, max_b = 1;
   for (int p : ps) max_p = std::max(max_p, p);
   for (int n : ns) max_n = std::max(max_n, n);
   for (int d : ds) max_d = std::max(max_d, d);
-  const int n_ctx = max_d + std::max(max_p, max_n) + 1;
-  backend->reserve(n_ctx, ubatch);
+  for (int b : bs) max_b = std::max(max_b, b);
+  // Blocks for the depth (shared), and for every test's own positions past it.
+  const auto blocks = [&](int n) { return (n + block_size - 1) / block_size + 1; };
+  EngineOptions eo;
+  eo.backend = parse_backend_kind(backend_name);
+  eo.max_tokens = std::max(ubatch, max_b);
+  eo.block_size = block_size;
+  eo.n_blocks = blocks(max_d) + std::max(blocks(max_p), max_b * blocks(max_n));
+  eo.memory_hint = "lower -d, -p, -n or --batch";
+  Engine engine(model, eo);
   const double ready_s = std::chrono::duration<double>(Clock::now() - t_load).count();
+  const bool use_cuda = engine.backend_name() == "cuda";
 
   double copy_rate = 0;
   std::string device = "cpu";
@@ -197,7 +232,7 @@ int run_bench(int argc, char** argv) {
   if (use_cuda) {
     copy_rate = cuda::measure_copy_bandwidth();
     device = cuda::device_name();
-    const auto& st = static_cast<cuda::CudaBackend&>(*backend).load_stats();
+    const auto& st = static_cast<cuda::CudaBackend&>(engine.backend()).load_stats();
     std::fprintf(stderr,
                  "bench: %s ready in %.2f s (weights %.2f GB uploaded in %.2f s = %.1f GB/s; KV %.2f GB; "
                  "workspace %.2f GB); copy rate %.0f GB/s\n",
@@ -206,28 +241,32 @@ int run_bench(int argc, char** argv) {
                  double(st.workspace_bytes) / 1e9, copy_rate / 1e9);
   }
 #endif
-  const double bytes_per_token = double(model.bytes_read_per_token());
+  const double weight_bytes = double(model.bytes_read_per_token());
+  // K and V of one position, every layer, as the GPU stores them (f16).
+  const double kv_bytes_per_position = 2.0 * 2.0 * model.hp.n_layer * model.hp.n_head_kv * model.hp.head_dim;
 
-  Bench bench(model, *backend, backend->max_batch(), 1234);
+  Bench bench(engine, 1234);
   std::vector<Row> rows;
   for (int d : ds) {
-    if (d > 0) bench.prompt(d, 0);  // fill the cache to the depth once; tests run from there
+    bench.fill_depth(d);
     const std::string at = d > 0 ? " @ d" + std::to_string(d) : "";
     for (int p : ps) {
       if (p <= 0) continue;
-      Row r{"pp" + std::to_string(p) + at, d, false, p, {}};
-      bench.prompt(p, d);  // warm-up
-      for (int i = 0; i < reps; ++i) r.tps.push_back(p / bench.prompt(p, d));
+      Row r{"pp" + std::to_string(p) + at, d, false, p, 1, {}};
+      bench.prompt(p);  // warm-up
+      for (int i = 0; i < reps; ++i) r.tps.push_back(p / bench.prompt(p));
       rows.push_back(r);
-      std::fprintf(stderr, "bench: %-16s %10.2f t/s\n", r.test.c_str(), r.mean());
+      std::fprintf(stderr, "bench: %-20s %10.2f t/s\n", r.test.c_str(), r.mean());
     }
     for (int n : ns) {
       if (n <= 0) continue;
-      Row r{"tg" + std::to_string(n) + at, d, true, n, {}};
-      bench.generate(std::min(n, 8), d);  // warm-up (captures the decode graph)
-      for (int i = 0; i < reps; ++i) r.tps.push_back(n / bench.generate(n, d));
-      rows.push_back(r);
-      std::fprintf(stderr, "bench: %-16s %10.2f t/s\n", r.test.c_str(), r.mean());
+      for (int b : bs) {
+        Row r{"tg" + std::to_string(n) + (b > 1 ? " x" + std::to_string(b) : "") + at, d, true, n, b, {}};
+        bench.generate(std::min(n, 8), b);  // warm-up (captures the decode graph)
+        for (int i = 0; i < reps; ++i) r.tps.push_back(double(n) * b / bench.generate(n, b));
+        rows.push_back(r);
+        std::fprintf(stderr, "bench: %-20s %10.2f t/s\n", r.test.c_str(), r.mean());
+      }
     }
   }
 
@@ -237,41 +276,53 @@ int run_bench(int argc, char** argv) {
   std::snprintf(size_label, sizeof size_label, "%.2f GiB", double(model.file.file_size()) / (1 << 30));
   std::snprintf(params_buf, sizeof params_buf, "%.2f B", double(model.n_params()) / 1e9);
   const std::string backend_label = use_cuda ? "CUDA" : "CPU";
+  // Seconds one decode step takes, and the share of the copy rate its bytes would need.
+  const auto step_ms = [](const Row& r) { return 1e3 * r.batch / r.mean(); };
+  const auto roofline_share = [&](const Row& r) {
+    const double kv = r.batch * kv_bytes_per_position * (r.depth + r.n / 2.0);
+    return (weight_bytes + kv) / copy_rate / (step_ms(r) * 1e-3);
+  };
+  auto step_label = [&](const Row& r) -> std::string {
+    if (!r.is_tg) return "";
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3f", step_ms(r));
+    return b;
+  };
   auto roofline = [&](const Row& r) -> std::string {
     if (!r.is_tg || copy_rate <= 0) return "";
     char b[32];
-    std::snprintf(b, sizeof b, "%.1f%%", 100.0 * r.mean() * bytes_per_token / copy_rate);
+    std::snprintf(b, sizeof b, "%.1f%%", 100.0 * roofline_share(r));
     return b;
   };
   if (output == "md") {
-    std::printf("| model | size | params | backend | test | t/s | tg roofline |\n");
-    std::printf("| --- | ---: | ---: | --- | --- | ---: | ---: |\n");
+    std::printf("| model | size | params | backend | test | t/s | step ms | roofline |\n");
+    std::printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |\n");
     for (const Row& r : rows)
-      std::printf("| %s | %s | %s | %s | %s | %.2f ± %.2f | %s |\n", model_label.c_str(), size_label,
+      std::printf("| %s | %s | %s | %s | %s | %.2f ± %.2f | %s | %s |\n", model_label.c_str(), size_label,
                   params_buf, backend_label.c_str(), r.test.c_str(), r.mean(), r.sd(),
-                  roofline(r).c_str());
+                  step_label(r).c_str(), roofline(r).c_str());
     if (copy_rate > 0)
-      std::printf("\nroofline: %.3f GB read per token / %.0f GB/s device copy rate = %.1f t/s ceiling; "
-                  "ready in %.2f s\n", bytes_per_token / 1e9, copy_rate / 1e9, copy_rate / bytes_per_token,
-                  ready_s);
+      std::printf("\nroofline: %.3f GB of weights per step + %.0f KB of KV per position and sequence, "
+                  "at the %.0f GB/s device copy rate (one sequence at depth 0: %.1f t/s); ready in %.2f s\n",
+                  weight_bytes / 1e9, kv_bytes_per_position / 1e3, copy_rate / 1e9, copy_rate / weight_bytes, ready_s);
   } else if (output == "csv") {
-    std::printf("model,size_bytes,params,backend,test,depth,tps_mean,tps_sd,roofline_share\n");
+    std::printf("model,size_bytes,params,backend,test,depth,batch,tps_mean,tps_sd,roofline_share\n");
     for (const Row& r : rows)
-      std::printf("\"%s\",%llu,%lld,%s,%s,%d,%.3f,%.3f,%s\n", model_label.c_str(),
+      std::printf("\"%s\",%llu,%lld,%s,%s,%d,%d,%.3f,%.3f,%s\n", model_label.c_str(),
                   (unsigned long long)model.file.file_size(), (long long)model.n_params(),
-                  backend_label.c_str(), r.test.c_str(), r.depth, r.mean(), r.sd(),
-                  r.is_tg && copy_rate > 0 ? std::to_string(r.mean() * bytes_per_token / copy_rate).c_str() : "");
+                  backend_label.c_str(), r.test.c_str(), r.depth, r.batch, r.mean(), r.sd(),
+                  r.is_tg && copy_rate > 0 ? std::to_string(roofline_share(r)).c_str() : "");
   } else {
     std::printf("[\n");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::printf("  {\"model\": \"%s\", \"size\": %llu, \"params\": %lld, \"backend\": \"%s\", "
-                  "\"test\": \"%s\", \"depth\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
+                  "\"test\": \"%s\", \"depth\": %d, \"batch\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
                   "\"roofline_share\": %s, \"copy_rate_bytes_per_s\": %.0f}%s\n",
                   model_label.c_str(), (unsigned long long)model.file.file_size(),
-                  (long long)model.n_params(), backend_label.c_str(), r.test.c_str(), r.depth,
+                  (long long)model.n_params(), backend_label.c_str(), r.test.c_str(), r.depth, r.batch,
                   r.mean(), r.sd(),
-                  r.is_tg && copy_rate > 0 ? std::to_string(r.mean() * bytes_per_token / copy_rate).c_str() : "null",
+                  r.is_tg && copy_rate > 0 ? std::to_string(roofline_share(r)).c_str() : "null",
                   copy_rate, i + 1 < rows.size() ? "," : "");
     }
     std::printf("]\n");
@@ -281,14 +332,18 @@ int run_bench(int argc, char** argv) {
   if (census) {
 #ifdef MINFER_HAVE_CUDA
     if (!use_cuda) fail("bench: --census needs the CUDA backend");
-    auto& cb = static_cast<cuda::CudaBackend&>(*backend);
-    cb.census(1, ds.front());  // warm
-    const auto kernels = cb.census(1, ds.front());
+    auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
+    bench.fill_depth(ds.front());
+    for (int pass = 0; pass < 2; ++pass) {  // the first warms up
+      cb.census_next_step();
+      bench.generate(1, bs.front());
+    }
+    const auto kernels = cb.census_result();
     double total = 0;
     int launches = 0;
     for (const auto& k : kernels) total += k.microseconds, launches += k.launches;
-    std::printf("\n| kernel (decode step @ d%d) | launches | µs | share |\n| --- | ---: | ---: | ---: |\n",
-                ds.front());
+    std::printf("\n| kernel (decode step x%d @ d%d) | launches | µs | share |\n| --- | ---: | ---: | ---: |\n",
+                bs.front(), ds.front());
     for (const auto& k : kernels)
       std::printf("| %s | %d | %.1f | %.1f%% |\n", k.name.c_str(), k.launches, k.microseconds,
                   100.0 * k.microseconds / total);

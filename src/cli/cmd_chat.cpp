@@ -141,8 +141,11 @@ int run_chat(int argc, char** argv) {
     g_stop = false;
     g_generating = true;
     int n_reply = 0;
+    bool in_prompt = true;
     while (!g_stop) {
-      std::span<const float> logits = session.eval(pending);
+      // The rendered prompt runs on the prompt kernels, each sampled token on the decode kernels.
+      std::span<const float> logits = in_prompt ? session.eval(pending) : session.decode(pending[0]);
+      in_prompt = false;
       cached.insert(cached.end(), pending.begin(), pending.end());
       const int32_t next = sampler.sample(logits, sampled_history);
       if (tok.is_end_of_generation(next)) break;

@@ -55,15 +55,19 @@ int run_run(int argc, char** argv) {
                  model.hp.n_ctx_train, " for this model) or lower -n");
 
   minfer::Sampler sampler(sp);
-  const bool plain_greedy = sampler.greedy() && sp.repeat_penalty == 1.0f &&
-                            sp.presence_penalty == 0.0f && sp.frequency_penalty == 0.0f;
+  const bool plain_greedy = minfer::plain_greedy(sp);
   std::vector<int32_t> history = prompt_tokens;
   minfer::StreamDecoder decoder(tokenizer);
 
-  // One step: feed tokens, get the next one (on the device for plain greedy decoding).
-  auto next_token = [&](std::span<const int32_t> tokens) {
-    if (plain_greedy) return session.eval_greedy(tokens);
-    return sampler.sample(session.eval(tokens), history);
+  // The next token after the prompt, then after each generated one (the argmax where the logits
+  // are, for plain greedy decoding).
+  auto after_prompt = [&] {
+    if (plain_greedy) return session.eval_greedy(prompt_tokens);
+    return sampler.sample(session.eval(prompt_tokens), history);
+  };
+  auto after_token = [&](int32_t token) {
+    if (plain_greedy) return session.decode_greedy(token);
+    return sampler.sample(session.decode(token), history);
   };
 
   if (!no_display_prompt) {
@@ -75,7 +79,7 @@ int run_run(int argc, char** argv) {
   const auto t_prompt = std::chrono::steady_clock::now();
   int32_t token = -1;
   if (n_predict > 0)
-    token = next_token(prompt_tokens);
+    token = after_prompt();
   else
     session.eval(prompt_tokens);
   const double prompt_seconds = seconds_since(t_prompt);
@@ -88,7 +92,7 @@ int run_run(int argc, char** argv) {
     std::fflush(stdout);
     if (n_generated == n_predict) break;
     const auto t0 = std::chrono::steady_clock::now();
-    token = next_token(std::span<const int32_t>(&history.back(), 1));
+    token = after_token(history.back());
     gen_seconds += seconds_since(t0);
     ++n_decode_steps;
   }

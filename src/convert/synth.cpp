@@ -18,6 +18,11 @@ const std::vector<Preset>& presets() {
   // tied, n_ctx_train, llama3_rope
   static const std::vector<Preset> list = {
       {"tiny", Arch::Qwen2, 256, 6, 4, 2, 768, 512, 64, 1e6f, 1e-6f, false, 4096},
+      // small models of the other architectures (tests): llama with llama3 rope_freqs at head_dim
+      // 64, qwen3 (q/k norms) and mistral at head_dim 128
+      {"tiny-llama3", Arch::Llama, 256, 4, 4, 2, 768, 512, 64, 5e5f, 1e-5f, false, 8192, true},
+      {"tiny-qwen3", Arch::Qwen3, 512, 4, 4, 2, 1024, 512, 128, 1e6f, 1e-6f, false, 4096},
+      {"tiny-mistral", Arch::Mistral, 512, 4, 4, 1, 1024, 512, 128, 1e6f, 1e-5f, false, 4096},
       {"qwen2.5-0.5b", Arch::Qwen2, 896, 24, 14, 2, 4864, 151936, 64, 1e6f, 1e-6f, true, 32768},
       {"qwen2.5-1.5b", Arch::Qwen2, 1536, 28, 12, 2, 8960, 151936, 128, 1e6f, 1e-6f, true, 32768},
       {"qwen2.5-7b", Arch::Qwen2, 3584, 28, 28, 4, 18944, 152064, 128, 1e6f, 1e-6f, false, 32768},
@@ -261,7 +266,7 @@ uint64_t write_model(const Options& opts) {
   // "" after this point means the built-in vocabulary (the default for tiny).
   const std::string tok_source = opts.tokenizer == "builtin"           ? ""
                                  : !opts.tokenizer.empty()             ? opts.tokenizer
-                                 : preset.name == "tiny"               ? ""
+                                 : preset.name.rfind("tiny", 0) == 0    ? ""
                                                                        : default_tokenizer(preset);
   for (auto& kv : tok_source.empty() ? convert::builtin_tokenizer(preset.n_vocab)
                                      : convert::load_tokenizer(tok_source, preset.n_vocab))

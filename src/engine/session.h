@@ -1,56 +1,62 @@
-// One conversation's state over a backend: how many positions the KV cache holds, prompt
-// chunking into micro-batches, and the context limit (a clear error, never an overflow).
+// One conversation over an engine: a single sequence, prompt chunking into micro-batches, and the
+// context limit (a clear error, never an overflow).
 #pragma once
 #include <cstdint>
-#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
-#include "backend/backend.h"
+#include "engine/engine.h"
 
 namespace minfer {
 
-enum class BackendKind { Cpu, Cuda, Auto };
-BackendKind parse_backend_kind(const std::string& s);  // "cpu" | "cuda" | "auto"
-
 struct SessionOptions {
   int n_ctx = 0;         // 0: the model's context length capped at 8192
-  int ubatch = 512;      // prompt tokens per forward call
+  int ubatch = 512;      // prompt tokens per forward step
   int n_threads = 0;     // CPU backend; 0 = hardware concurrency
   BackendKind backend = BackendKind::Auto;
+  int kv_block_size = kDefaultKvBlockSize;
 };
 
 class Session {
  public:
   Session(const Model& model, SessionOptions opts);
+  // On a backend made by the caller (opts.backend and opts.n_threads are not used).
+  Session(const Model& model, SessionOptions opts, std::unique_ptr<Backend> backend);
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
   int n_ctx() const { return n_ctx_; }
-  int n_past() const { return n_past_; }
-  const std::string& backend_name() const { return backend_name_; }
-  // Appends tokens to the context; returns the last token's logits (n_vocab floats). Throws
-  // minfer::Error if n_past + tokens.size() > n_ctx, naming the numbers and the -c flag.
+  int n_past() const { return seq_.n_tokens(); }
+  const std::string& backend_name() const { return engine_.backend_name(); }
+  Engine& engine() { return engine_; }
+
+  // Prompt tokens (the prompt kernels, in micro-batches). Each throws minfer::Error if
+  // n_past + tokens.size() > n_ctx, naming the numbers and the -c flag.
+  // Returns the last token's logits (n_vocab floats).
   std::span<const float> eval(std::span<const int32_t> tokens);
-  // Like eval but returns all tokens' logits (tokens.size() x n_vocab).
+  // Every token's logits (tokens.size() x n_vocab).
   std::span<const float> eval_all(std::span<const int32_t> tokens);
-  // Greedy fast path: appends tokens and returns argmax of the last logits.
+  // The argmax of the last token's logits (computed where the logits are).
   int32_t eval_greedy(std::span<const int32_t> tokens);
-  void reset() { n_past_ = 0; }          // forget the context (cache is overwritten)
-  void truncate(int n) { n_past_ = n; }  // keep the first n positions (n <= n_past)
+  // One generated token (the decode kernels): its logits, or only their argmax.
+  std::span<const float> decode(int32_t token);
+  int32_t decode_greedy(int32_t token);
+
+  void reset() { seq_.truncate(0); }     // forget the context
+  void truncate(int n) { seq_.truncate(n); }  // keep the first n positions (n <= n_past)
 
  private:
   void check_fits(size_t n_new) const;
-  // Checks the context limit, then calls fn(batch, is_last) for each micro-batch of tokens and
-  // advances n_past after each.
-  template <typename Fn>
-  void for_each_ubatch(std::span<const int32_t> tokens, Fn&& fn);
+  // Runs tokens in micro-batches; the last one produces `out` rows (with logits when asked).
+  void run(std::span<const int32_t> tokens, bool decode, Step::Output out, bool logits);
   const Model& model_;
-  Graph graph_;
-  std::unique_ptr<Backend> backend_;
-  std::string backend_name_;
   int n_ctx_ = 0;
   int ubatch_ = 512;
-  int n_past_ = 0;
+  Engine engine_;
+  KvPool::Sequence seq_;
+  Step step_;
   std::vector<float> logits_;
+  int32_t argmax_ = -1;
 };
 
 }  // namespace minfer

@@ -13,6 +13,11 @@ int32_t argmax(std::span<const float> logits) {
   return int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
+bool plain_greedy(const SamplerParams& p) {
+  return p.temperature <= 0 && p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f &&
+         p.frequency_penalty == 0.0f;
+}
+
 Sampler::Sampler(SamplerParams p) : params_(p), rng_(p.seed) {}
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {

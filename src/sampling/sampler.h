@@ -20,6 +20,9 @@ struct SamplerParams {
   uint64_t seed = 0;
 };
 
+// Greedy with no penalty: the argmax of the raw logits, which a backend computes where they are.
+bool plain_greedy(const SamplerParams& p);
+
 class Sampler {
  public:
   explicit Sampler(SamplerParams p);

@@ -2,11 +2,13 @@
 // random inputs; the fused epilogues against their unfused paths byte for byte.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 
 #include "backend/cuda/kernels.h"
+#include "quant/canonical_dot.h"
 #include "quant/quant.h"
 #include "gpu_support.h"
 #include "../support.h"
@@ -77,8 +79,8 @@ TEST(GpuKernels, RmsNormFusedQuantizeEqualsStandalone) {
     DeviceBuffer<float> dx(x), dw(w), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
     DeviceBuffer<uint8_t> q_fused(static_cast<size_t>(cuda::pad40_row_bytes(width))),
         q_plain(static_cast<size_t>(cuda::pad40_row_bytes(width)));
-    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.get(), nullptr);
-    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_plain.get(), width, 1, width, 0, 1e-6f, nullptr, nullptr);
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.get(), 1, nullptr);
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_plain.get(), width, 1, width, 0, 1e-6f, nullptr, 0, nullptr);
     cuda::launch_quantize_pad40(y_plain.get(), width, q_plain.get(), 1, width, nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0) << width;
@@ -95,7 +97,7 @@ TEST(GpuKernels, RmsNormPerHeadGroups) {
   const auto x = random_normal(static_cast<size_t>(rows * width), 1.0f, 4);
   const auto w = random_normal(static_cast<size_t>(group), 1.0f, 5);
   DeviceBuffer<float> dx(x), dw(w), dy(static_cast<size_t>(rows * width));
-  cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, rows, width, group, 1e-5f, nullptr, nullptr);
+  cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, rows, width, group, 1e-5f, nullptr, 0, nullptr);
   const auto y = dy.download();
   for (int r = 0; r < rows; ++r)
     for (int h = 0; h < width / group; ++h)
@@ -112,8 +114,8 @@ TEST(GpuKernels, SwigluFusedQuantizeEqualsStandalone) {
     DeviceBuffer<float> dg(g), du(u), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
     DeviceBuffer<uint8_t> q_fused(static_cast<size_t>(cuda::pad40_row_bytes(width))),
         q_plain(static_cast<size_t>(cuda::pad40_row_bytes(width)));
-    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), 1, width, q_fused.get(), nullptr);
-    cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), 1, width, nullptr, nullptr);
+    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), 1, width, q_fused.get(), 1, nullptr);
+    cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), 1, width, nullptr, 0, nullptr);
     cuda::launch_quantize_pad40(y_plain.get(), width, q_plain.get(), 1, width, nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0);
@@ -285,72 +287,133 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
   }
 }
 
-// The qkv launch's rope and KV-cache epilogues against matvec + rope kernel + kv_append.
+// The qkv launch's rope and KV-cache epilogues against matvec + rope kernel + kv_append, for both
+// decode matmul kernels and several tokens at different positions and cache slots.
 TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
-  const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_ctx = 16;
+  cuda::init_matmul_mma_kernels();
+  const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_slots = 64, n = 3;
   const int qw = n_head * hd, kvw = n_kv * hd;
-  for (bool neox : {true, false}) {
-    const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
-    const int widths[3] = {qw, kvw, kvw};
-    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
-    std::vector<std::unique_ptr<DeviceBuffer<float>>> bias;
-    for (int s = 0; s < 3; ++s) {
-      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-          quantize_matrix(types[s], random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s)), widths[s], dim)));
-      bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
+  for (bool mma : {false, true}) {
+    for (bool neox : {true, false}) {
+      const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
+      const int widths[3] = {qw, kvw, kvw};
+      std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
+      std::vector<std::unique_ptr<DeviceBuffer<float>>> bias;
+      for (int s = 0; s < 3; ++s) {
+        w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
+            quantize_matrix(types[s], random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s)), widths[s], dim)));
+        bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
+      }
+      const auto x = random_normal(static_cast<size_t>(n) * dim, 1.0f, 90);
+      DeviceBuffer<uint8_t> xq(quantize_pad40_cpu(x, n, dim));
+      std::vector<float> inv(static_cast<size_t>(hd / 2));
+      for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e6, -2.0 * j / hd));
+      DeviceBuffer<float> dinv(inv);
+      DeviceBuffer<int32_t> pos(std::vector<int32_t>{11, 3, 700}), slots(std::vector<int32_t>{40, 7, 63});
+      DeviceBuffer<uint16_t> k1(static_cast<size_t>(n_slots * kvw)), v1(static_cast<size_t>(n_slots * kvw)),
+          k2(static_cast<size_t>(n_slots * kvw)), v2(static_cast<size_t>(n_slots * kvw));
+      DeviceBuffer<float> q1(static_cast<size_t>(n * qw)), q2(static_cast<size_t>(n * qw)), kf(static_cast<size_t>(n * kvw)),
+          vf(static_cast<size_t>(n * kvw));
+      cuda::MatVecExtra extra;
+      extra.rope = {dinv.get(), hd, neox};
+      extra.positions = pos.get();
+      extra.slots = slots.get();
+      extra.kv = {k1.get(), v1.get(), n_kv, hd};
+      cuda::MatSeg segs[3];
+      const cuda::Epilogue epi[3] = {cuda::Epilogue::RopeQ, cuda::Epilogue::RopeK, cuda::Epilogue::StoreV};
+      float* outs[3] = {q1.get(), nullptr, nullptr};
+      for (int s = 0; s < 3; ++s) {
+        segs[s].w = {types[s], widths[s], dim, w[size_t(s)]->get()};
+        segs[s].bias = bias[size_t(s)]->get();
+        segs[s].out = outs[s];
+        segs[s].ld_out = widths[s];
+        segs[s].epi = epi[s];
+      }
+      auto matmul = [&](const cuda::MatSeg* sg, int n_segs, const cuda::MatVecExtra& ex) {
+        if (mma)
+          cuda::launch_matmul_mma(sg, n_segs, xq.get(), cuda::pad40_row_bytes(dim), n, ex, nullptr);
+        else
+          cuda::launch_matvec(sg, n_segs, xq.get(), cuda::pad40_row_bytes(dim), nullptr, dim, n, ex, nullptr);
+      };
+      matmul(segs, 3, extra);
+      float* plain_outs[3] = {q2.get(), kf.get(), vf.get()};
+      for (int s = 0; s < 3; ++s) {
+        cuda::MatSeg seg = segs[s];
+        seg.epi = cuda::Epilogue::Store;
+        seg.out = plain_outs[s];
+        matmul(&seg, 1, {});
+      }
+      cuda::launch_rope(q2.get(), qw, n, n_head, extra.rope, pos.get(), nullptr);
+      cuda::launch_rope(kf.get(), kvw, n, n_kv, extra.rope, pos.get(), nullptr);
+      cuda::launch_kv_append(kf.get(), vf.get(), n, {k2.get(), v2.get(), n_kv, hd}, slots.get(), nullptr);
+      const auto a = q1.download(), b = q2.download();
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << (mma ? "mma" : "matvec");
+      const auto ka = k1.download(), kb = k2.download(), va = v1.download(), vb = v2.download();
+      for (int slot : {40, 7, 63}) {
+        ASSERT_EQ(std::memcmp(ka.data() + slot * kvw, kb.data() + slot * kvw, size_t(kvw) * 2), 0) << slot;
+        ASSERT_EQ(std::memcmp(va.data() + slot * kvw, vb.data() + slot * kvw, size_t(kvw) * 2), 0) << slot;
+      }
     }
-    const auto x = random_normal(static_cast<size_t>(dim), 1.0f, 90);
-    DeviceBuffer<uint8_t> xq(quantize_pad40_cpu(x, 1, dim));
-    std::vector<float> inv(static_cast<size_t>(hd / 2));
-    for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e6, -2.0 * j / hd));
-    DeviceBuffer<float> dinv(inv);
-    DeviceBuffer<int> pos(std::vector<int>{11});
-    DeviceBuffer<uint16_t> k1(static_cast<size_t>(n_ctx * kvw)), v1(static_cast<size_t>(n_ctx * kvw)), k2(static_cast<size_t>(n_ctx * kvw)), v2(static_cast<size_t>(n_ctx * kvw));
-    DeviceBuffer<float> q1(static_cast<size_t>(qw)), q2(static_cast<size_t>(qw)), kf(static_cast<size_t>(kvw)), vf(static_cast<size_t>(kvw));
-    cuda::MatVecExtra extra;
-    extra.rope = {dinv.get(), hd, neox};
-    extra.pos = pos.get();
-    extra.kv = {k1.get(), v1.get(), n_ctx, n_kv, hd};
-    cuda::MatSeg segs[3];
-    const cuda::Epilogue epi[3] = {cuda::Epilogue::RopeQ, cuda::Epilogue::RopeK, cuda::Epilogue::StoreV};
-    float* outs[3] = {q1.get(), nullptr, nullptr};
-    for (int s = 0; s < 3; ++s) {
-      segs[s].w = {types[s], widths[s], dim, w[size_t(s)]->get()};
-      segs[s].bias = bias[size_t(s)]->get();
-      segs[s].out = outs[s];
-      segs[s].ld_out = widths[s];
-      segs[s].epi = epi[s];
-    }
-    cuda::launch_matvec(segs, 3, xq.get(), cuda::pad40_row_bytes(dim), nullptr, dim, 1, extra, nullptr);
-    // unfused
-    float* plain_outs[3] = {q2.get(), kf.get(), vf.get()};
-    for (int s = 0; s < 3; ++s) {
-      cuda::MatSeg seg = segs[s];
-      seg.epi = cuda::Epilogue::Store;
-      seg.out = plain_outs[s];
-      cuda::launch_matvec(&seg, 1, xq.get(), cuda::pad40_row_bytes(dim), nullptr, dim, 1, {}, nullptr);
-    }
-    cuda::launch_rope(q2.get(), qw, 1, n_head, extra.rope, pos.get(), nullptr);
-    cuda::launch_rope(kf.get(), kvw, 1, n_kv, extra.rope, pos.get(), nullptr);
-    cuda::launch_kv_append(kf.get(), vf.get(), 1, {k2.get(), v2.get(), n_ctx, n_kv, hd}, pos.get(), nullptr);
-    const auto a = q1.download(), b = q2.download();
-    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0);
-    const auto ka = k1.download(), kb = k2.download(), va = v1.download(), vb = v2.download();
-    ASSERT_EQ(std::memcmp(ka.data() + 11 * kvw, kb.data() + 11 * kvw, size_t(kvw) * 2), 0);
-    ASSERT_EQ(std::memcmp(va.data() + 11 * kvw, vb.data() + 11 * kvw, size_t(kvw) * 2), 0);
+  }
+}
+
+// Both decode matmul kernels return exactly the canonical order's bits (quant/canonical_dot.h, the
+// CPU statement of it), with bias and residual, for any token count: a token's result does not
+// depend on how many tokens share the launch or which kernel runs it.
+TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
+  MINFER_REQUIRE_GPU();
+  cuda::init_matmul_mma_kernels();
+  struct Shape { GgmlType t; int rows, cols; };
+  const Shape shapes[] = {{GgmlType::Q4_K, 67, 768},  {GgmlType::Q5_K, 67, 768},   {GgmlType::Q6_K, 67, 768},
+                          {GgmlType::Q8_0, 67, 768},  {GgmlType::Q8_0, 45, 544},   {GgmlType::Q4_K, 301, 3584},
+                          {GgmlType::Q6_K, 40, 18944}, {GgmlType::Q4_K, 33, 18944}};
+  for (const Shape& sh : shapes) {
+    const int max_tokens = 70;
+    const auto wq = quantize_matrix(sh.t, random_normal(size_t(sh.rows) * sh.cols, 0.5f, 150 + uint64_t(sh.cols)), sh.rows, sh.cols);
+    const auto x = random_normal(size_t(max_tokens) * sh.cols, 1.0f, 151);
+    const auto bias = random_normal(size_t(sh.rows), 0.2f, 152);
+    const auto residual = random_normal(size_t(max_tokens) * sh.rows, 1.0f, 153);
+    const auto xq = quantize_pad40_cpu(x, max_tokens, sh.cols);
+    std::vector<float> want(size_t(max_tokens) * sh.rows);
+    for (int t = 0; t < max_tokens; ++t)
+      for (int r = 0; r < sh.rows; ++r) {
+        const auto* xb = reinterpret_cast<const BlockQ8Pad40*>(xq.data() + size_t(t) * cuda::pad40_row_bytes(sh.cols));
+        const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), xb, sh.cols);
+        want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
+      }
+    DeviceBuffer<uint8_t> dw(wq), dxq(xq);
+    DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
+    for (bool mma : {false, true})
+      for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 64, 70}) {
+        cuda::MatSeg seg;
+        seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
+        seg.bias = dbias.get();
+        seg.residual = dres.get();
+        seg.out = dout.get();
+        seg.ld_out = sh.rows;
+        if (mma)
+          cuda::launch_matmul_mma(&seg, 1, dxq.get(), cuda::pad40_row_bytes(sh.cols), n, {}, nullptr);
+        else
+          cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(sh.cols), nullptr, sh.cols, n, {}, nullptr);
+        const auto got = dout.download();
+        for (size_t i = 0; i < size_t(n) * sh.rows; ++i)
+          ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << (mma ? " mma" : " matvec")
+                                     << " tokens " << n << " output " << i;
+      }
   }
 }
 
 TEST(GpuKernels, RopeMatchesDoubleReference) {
   MINFER_REQUIRE_GPU();
-  const int hd = 128, n_heads = 3, n_tokens = 4, pos0 = 1000;
+  const int hd = 128, n_heads = 3, n_tokens = 4;
+  const std::vector<int32_t> positions = {1000, 3, 77, 1001};  // tokens of different sequences
   for (bool neox : {true, false}) {
     const auto x = random_normal(static_cast<size_t>(n_tokens * n_heads * hd), 1.0f, 95);
     std::vector<float> inv(static_cast<size_t>(hd / 2));
     for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e4, -2.0 * j / hd));
     DeviceBuffer<float> dx(x), dinv(inv);
-    DeviceBuffer<int> pos(std::vector<int>{pos0});
+    DeviceBuffer<int32_t> pos(positions);
     cuda::launch_rope(dx.get(), n_heads * hd, n_tokens, n_heads, {dinv.get(), hd, neox}, pos.get(), nullptr);
     const auto y = dx.download();
     for (int t = 0; t < n_tokens; ++t)
@@ -358,7 +421,7 @@ TEST(GpuKernels, RopeMatchesDoubleReference) {
         for (int j = 0; j < hd / 2; ++j) {
           const int i0 = neox ? j : 2 * j, i1 = neox ? j + hd / 2 : 2 * j + 1;
           const size_t base = size_t((t * n_heads + h) * hd);
-          const double th = double(pos0 + t) * inv[size_t(j)];
+          const double th = double(positions[size_t(t)]) * inv[size_t(j)];
           const double a = x[base + size_t(i0)], b = x[base + size_t(i1)];
           ASSERT_NEAR(y[base + size_t(i0)], a * std::cos(th) - b * std::sin(th), 2e-4);
           ASSERT_NEAR(y[base + size_t(i1)], a * std::sin(th) + b * std::cos(th), 2e-4);
@@ -366,52 +429,75 @@ TEST(GpuKernels, RopeMatchesDoubleReference) {
   }
 }
 
-TEST(GpuKernels, SplitKAttentionMatchesDoubleReference) {
+// The cache is paged: each token's sequence has its own block table of shuffled blocks.
+TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
   MINFER_REQUIRE_GPU();
-  struct Case { int hd, n_head, n_kv, len, splits; };
-  // 7B / 14B / 0.5b shapes at depth, splits with no positions, a group over 8 heads, head_dim 256
-  for (const Case c : {Case{128, 28, 4, 1000, 66}, Case{128, 28, 4, 16384, 66}, Case{128, 40, 8, 4100, 33},
-                       Case{64, 14, 2, 517, 132}, Case{64, 4, 2, 37, 8}, Case{128, 40, 8, 3, 33},
-                       Case{128, 12, 1, 300, 7}, Case{256, 8, 2, 129, 5}}) {
-    const int n_ctx = c.len + 5, kvw = c.n_kv * c.hd;
-    const auto q = random_normal(static_cast<size_t>(c.n_head * c.hd), 1.0f, 100);
-    const auto kf = random_normal(static_cast<size_t>(n_ctx * kvw), 1.0f, 101);
-    const auto vf = random_normal(static_cast<size_t>(n_ctx * kvw), 1.0f, 102);
-    std::vector<uint16_t> kh(kf.size()), vh(vf.size());
-    for (size_t i = 0; i < kf.size(); ++i) kh[i] = f32_to_f16(kf[i]), vh[i] = f32_to_f16(vf[i]);
-    DeviceBuffer<float> dq(q), out(std::vector<float>(static_cast<size_t>(c.n_head * c.hd), NAN));
+  struct Case { int hd, n_head, n_kv, splits, block_size; std::vector<int> lens; };
+  // 7B / 14B / 0.5b shapes at depth, splits with no positions, a group over 8 heads, head_dim 256,
+  // several tokens of different sequences and lengths in one launch
+  for (const Case& c : {Case{128, 28, 4, 66, 64, {1000}}, Case{128, 28, 4, 66, 16, {16384}}, Case{128, 40, 8, 33, 64, {4100}},
+                        Case{64, 14, 2, 132, 32, {517}}, Case{64, 4, 2, 8, 16, {37, 5, 200}}, Case{128, 40, 8, 33, 64, {3}},
+                        Case{128, 12, 1, 7, 128, {300}}, Case{256, 8, 2, 5, 16, {129, 1}}}) {
+    const int kvw = c.n_kv * c.hd, n_tokens = int(c.lens.size());
+    std::vector<int32_t> tables, offsets, positions;
+    int n_blocks = 0;
+    for (int len : c.lens) n_blocks += (len + c.block_size - 1) / c.block_size;
+    std::vector<int32_t> order(static_cast<size_t>(n_blocks));
+    for (int b = 0; b < n_blocks; ++b) order[size_t(b)] = b;
+    std::shuffle(order.begin(), order.end(), std::mt19937_64(seed() + 99));
+    for (int len : c.lens) {
+      offsets.push_back(int32_t(tables.size()));
+      positions.push_back(len - 1);
+      for (int b = 0; b < (len + c.block_size - 1) / c.block_size; ++b) tables.push_back(order[tables.size()]);
+    }
+    const size_t pool = size_t(n_blocks) * c.block_size * kvw;
+    const auto q = random_normal(size_t(n_tokens * c.n_head * c.hd), 1.0f, 100);
+    const auto kf = random_normal(pool, 1.0f, 101), vf = random_normal(pool, 1.0f, 102);
+    std::vector<uint16_t> kh(pool), vh(pool);
+    for (size_t i = 0; i < pool; ++i) kh[i] = f32_to_f16(kf[i]), vh[i] = f32_to_f16(vf[i]);
+    DeviceBuffer<float> dq(q), out(std::vector<float>(q.size(), NAN));
     DeviceBuffer<uint16_t> dk(kh), dv(vh);
-    DeviceBuffer<int> pos(std::vector<int>{c.len - 1});
-    DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(1, c.n_head, c.hd, c.splits)));
+    DeviceBuffer<int32_t> dpos(positions), dtables(tables), doffsets(offsets);
+    DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits)));
     cuda::AttnParams p;
     p.q = dq.get();
     p.out = out.get();
-    p.kv = {dk.get(), dv.get(), n_ctx, c.n_kv, c.hd};
+    p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
     p.n_head = c.n_head;
-    p.n_tokens = 1;
-    p.pos = pos.get();
+    p.n_tokens = n_tokens;
+    p.positions = dpos.get();
+    p.tables = dtables.get();
+    p.table_offsets = doffsets.get();
+    p.block_size = c.block_size;
     p.n_splits = c.splits;
     p.part = part.get();
     cuda::launch_attention(p, nullptr);
     const auto o = out.download();
     const int G = c.n_head / c.n_kv;
-    for (int h = 0; h < c.n_head; ++h) {
-      const int g = h / G;
-      std::vector<double> s(static_cast<size_t>(c.len));
-      double mx = -1e300;
-      for (int t = 0; t < c.len; ++t) {
-        double d = 0;
-        for (int i = 0; i < c.hd; ++i)
-          d += double(q[size_t(h * c.hd + i)]) * f16_to_f32(kh[size_t(t * kvw + g * c.hd + i)]);
-        s[size_t(t)] = d / std::sqrt(double(c.hd));
-        mx = std::max(mx, s[size_t(t)]);
-      }
-      double den = 0;
-      for (auto& e : s) den += (e = std::exp(e - mx));
-      for (int i = 0; i < c.hd; ++i) {
-        double num = 0;
-        for (int t = 0; t < c.len; ++t) num += s[size_t(t)] * f16_to_f32(vh[size_t(t * kvw + g * c.hd + i)]);
-        ASSERT_NEAR(o[size_t(h * c.hd + i)], num / den, 1e-4) << "head " << h << " dim " << i << " len " << c.len;
+    for (int tk = 0; tk < n_tokens; ++tk) {
+      const int len = c.lens[size_t(tk)];
+      auto slot = [&](int pos) {
+        return size_t(tables[size_t(offsets[size_t(tk)] + pos / c.block_size)]) * c.block_size + size_t(pos % c.block_size);
+      };
+      for (int h = 0; h < c.n_head; ++h) {
+        const int g = h / G;
+        std::vector<double> s(static_cast<size_t>(len));
+        double mx = -1e300;
+        for (int t = 0; t < len; ++t) {
+          double d = 0;
+          for (int i = 0; i < c.hd; ++i)
+            d += double(q[size_t((tk * c.n_head + h) * c.hd + i)]) * f16_to_f32(kh[slot(t) * kvw + size_t(g * c.hd + i)]);
+          s[size_t(t)] = d / std::sqrt(double(c.hd));
+          mx = std::max(mx, s[size_t(t)]);
+        }
+        double den = 0;
+        for (auto& e : s) den += (e = std::exp(e - mx));
+        for (int i = 0; i < c.hd; ++i) {
+          double num = 0;
+          for (int t = 0; t < len; ++t) num += s[size_t(t)] * f16_to_f32(vh[slot(t) * kvw + size_t(g * c.hd + i)]);
+          ASSERT_NEAR(o[size_t((tk * c.n_head + h) * c.hd + i)], num / den, 1e-4)
+              << "token " << tk << " head " << h << " dim " << i << " len " << len;
+        }
       }
     }
   }
@@ -425,10 +511,15 @@ TEST(GpuKernels, ArgmaxTakesTheFirstLargest) {
   const int a = int(rng() % n), b = int(rng() % n);
   x[size_t(a)] = 50.0f;
   x[size_t(b)] = 50.0f;
-  DeviceBuffer<float> dx(x);
-  DeviceBuffer<int32_t> r(static_cast<size_t>(1));
-  cuda::launch_argmax(dx.get(), n, r.get(), nullptr);
-  ASSERT_EQ(r.download()[0], std::min(a, b));
+  std::vector<float> rows = x;  // a second row: its own maximum
+  rows.insert(rows.end(), x.begin(), x.end());
+  rows[size_t(n + 17)] = 60.0f;
+  DeviceBuffer<float> dx(rows);
+  DeviceBuffer<int32_t> r(static_cast<size_t>(2));
+  cuda::launch_argmax_rows(dx.get(), n, 2, n, r.get(), nullptr);
+  const auto got = r.download();
+  ASSERT_EQ(got[0], std::min(a, b));
+  ASSERT_EQ(got[1], 17);
 }
 
 }  // namespace

@@ -3,7 +3,9 @@
 // attention with GQA and pos0 > 0 (naive float64 softmax attention).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -111,6 +113,8 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   g.m_tile = c.m_tile;
   g.k_splits = c.k_splits;
   if (c.expect_split) EXPECT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "m=" << c.m << " n=" << c.n << " k=" << c.k;
+  DeviceBuffer<float> workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g) / 4, 1));
+  g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * 4;
   cuda::launch_prefill_gemm(g, nullptr);
   check(cudaGetLastError(), "launch_prefill_gemm");
   check(cudaDeviceSynchronize(), "prefill GEMM");
@@ -251,6 +255,8 @@ TEST(PrefillGemm, SplitKIsDeterministicAndOptOutRunsSinglePass) {
   PrefillGemm g;
   g.w_type = GgmlType::Q4_K, g.w = dw.ptr, g.n = n, g.k = k;
   g.x = dx.ptr, g.ldx = k, g.m = m, g.y = dy.ptr, g.ldy = n, g.bias = dbias.ptr;
+  DeviceBuffer<float> workspace(cuda::kPrefillGemmWorkspaceBytes / 4);
+  g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
   auto run = [&](int k_splits) {
     g.k_splits = k_splits;
     dy.fill_bytes(0xFF);
@@ -292,102 +298,215 @@ TEST(PrefillGemm, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // 2 slices x 4 x 128 floats = 4096 bytes > 4092
 }
 
-// ---- attention ---------------------------------------------------------------------------------
+// With the K split planned for a fixed token count (m_plan), a row's bits do not depend on how
+// many rows share the launch: the engine's batch invariance for prompt tokens.
+TEST(PrefillGemm, PlannedSplitMakesRowsIndependentOfTheBatch) {
+  REQUIRE_DEVICE();
+  const int64_t m = 512, n = 1024, k = 3584, few = 13;
+  const std::vector<uint8_t> w = test::random_weight_rows(GgmlType::Q4_K, n, k, test::seed() + 9200);
+  const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9201);
+  std::vector<uint16_t> x_bf16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
+  DeviceBuffer<uint8_t> dw(w);
+  DeviceBuffer<uint16_t> dx(x_bf16);
+  DeviceBuffer<float> dy(size_t(m * n)), workspace(cuda::kPrefillGemmWorkspaceBytes / 4);
+  PrefillGemm g;
+  g.w_type = GgmlType::Q4_K, g.w = dw.ptr, g.n = n, g.k = k, g.ldx = k, g.ldy = n, g.m_plan = m;
+  g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
+  auto run = [&](int64_t rows, int64_t first) {
+    g.x = dx.ptr + first * k, g.m = rows, g.y = dy.ptr;
+    dy.fill_bytes(0xFF);
+    cuda::launch_prefill_gemm(g, nullptr);
+    check(cudaDeviceSynchronize(), "prefill GEMM");
+    std::vector<float> y = dy.download();
+    y.resize(size_t(rows * n));
+    return y;
+  };
+  g.m = m;
+  ASSERT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "the case must split K";
+  const std::vector<float> all = run(m, 0), part = run(few, 200);
+  EXPECT_EQ(std::memcmp(part.data(), all.data() + 200 * n, part.size() * sizeof(float)), 0);
+}
 
-struct AttentionCase {
-  int m, pos0, n_head, n_kv_head, head_dim;
+// ---- attention over the paged cache --------------------------------------------------------------
+
+// Sequences of prompt chunks in one launch: chunk c is m query rows at positions pos0.. of its own
+// sequence, whose blocks (block_size positions each) sit at random places in a shared pool.
+struct ChunkSpec {
+  int m, pos0;
 };
 
-void run_attention_case(const AttentionCase& c, uint64_t salt) {
-  const int hd = c.head_dim, kv_len = c.pos0 + c.m, n_ctx = kv_len + 16;
-  const int64_t ldq = int64_t(c.n_head) * hd + 8, ldo = int64_t(c.n_head) * hd + 16;
-  const int64_t ld_kv = int64_t(c.n_kv_head) * hd;
-  const std::vector<float> q = test::random_normal(size_t(c.m * ldq), 1.0f, salt);
-  const std::vector<float> k_f = test::random_normal(size_t(n_ctx) * ld_kv, 1.0f, salt + 1);
-  const std::vector<float> v_f = test::random_normal(size_t(n_ctx) * ld_kv, 1.0f, salt + 2);
-  std::vector<uint16_t> k(k_f.size()), v(v_f.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    const bool unwritten = int64_t(i) >= int64_t(kv_len) * ld_kv;  // rows past the chunk: NaN
-    k[i] = unwritten ? 0x7E00 : f32_to_f16(k_f[i]);
-    v[i] = unwritten ? 0x7E00 : f32_to_f16(v_f[i]);
+struct PagedCache {
+  int block_size, n_blocks;
+  int64_t ld_kv;
+  std::vector<uint16_t> k, v;                // the pool; unwritten rows are NaN
+  std::vector<std::vector<int32_t>> tables;  // per sequence
+  int64_t slot(size_t seq, int p) const { return int64_t(tables[seq][size_t(p / block_size)]) * block_size + p % block_size; }
+};
+
+// Every sequence's positions [0, pos0 + m) hold random K/V; everything else NaN.
+PagedCache make_cache(const std::vector<ChunkSpec>& chunks, int block_size, int64_t ld_kv, uint64_t salt) {
+  PagedCache c{block_size, 0, ld_kv, {}, {}, {}};
+  for (const ChunkSpec& s : chunks) c.n_blocks += (s.pos0 + s.m + block_size - 1) / block_size + 1;
+  std::vector<int32_t> free_blocks(size_t(c.n_blocks));
+  for (int b = 0; b < c.n_blocks; ++b) free_blocks[size_t(b)] = b;
+  std::shuffle(free_blocks.begin(), free_blocks.end(), std::mt19937_64(test::seed() + salt));
+  c.k.assign(size_t(c.n_blocks) * block_size * ld_kv, 0x7E00);
+  c.v = c.k;
+  size_t next = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int len = chunks[i].pos0 + chunks[i].m;
+    c.tables.emplace_back();
+    for (int b = 0; b < (len + block_size - 1) / block_size; ++b) c.tables.back().push_back(free_blocks[next++]);
+    const std::vector<float> kf = test::random_normal(size_t(len) * ld_kv, 1.0f, salt + 10 * i + 1);
+    const std::vector<float> vf = test::random_normal(size_t(len) * ld_kv, 1.0f, salt + 10 * i + 2);
+    for (int p = 0; p < len; ++p)
+      for (int64_t e = 0; e < ld_kv; ++e) {
+        c.k[size_t(c.slot(i, p) * ld_kv + e)] = f32_to_f16(kf[size_t(p * ld_kv + e)]);
+        c.v[size_t(c.slot(i, p) * ld_kv + e)] = f32_to_f16(vf[size_t(p * ld_kv + e)]);
+      }
   }
+  return c;
+}
+
+// Runs the chunks (rows one after another) in one launch; returns out [rows][ldo].
+std::vector<float> run_paged_attention(const PagedCache& cache, const std::vector<ChunkSpec>& chunks,
+                                       const std::vector<float>& q, int64_t ldq, int64_t ldo, int n_head,
+                                       int n_kv_head, int hd, std::vector<uint16_t>* out_bf16 = nullptr) {
+  std::vector<cuda::PrefillChunk> pc;
+  std::vector<int32_t> tables;
+  int rows = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    pc.push_back({rows, chunks[i].m, chunks[i].pos0, int32_t(tables.size())});
+    tables.insert(tables.end(), cache.tables[i].begin(), cache.tables[i].end());
+    rows += chunks[i].m;
+  }
+  const std::vector<cuda::PrefillTile> tiles = cuda::prefill_attention_tiles(pc);
+  std::vector<int32_t> chunk_ints(pc.size() * 4), tile_ints(tiles.size() * 2);
+  std::memcpy(chunk_ints.data(), pc.data(), chunk_ints.size() * 4);
+  std::memcpy(tile_ints.data(), tiles.data(), tile_ints.size() * 4);
   DeviceBuffer<float> dq(q);
-  DeviceBuffer<uint16_t> dk(k), dv(v);
-  DeviceBuffer<float> dout(size_t(c.m * ldo));
-  DeviceBuffer<uint16_t> dout_bf16(size_t(c.m * ldo));
+  DeviceBuffer<uint16_t> dk(cache.k), dv(cache.v);
+  DeviceBuffer<int32_t> dchunks(chunk_ints), dtiles(tile_ints), dtables(tables);
+  DeviceBuffer<float> dout(size_t(rows * ldo));
+  DeviceBuffer<uint16_t> dout_bf16(size_t(rows * ldo));
   dout.fill_bytes(0xFF);
   dout_bf16.fill_bytes(0xFF);
-
   PrefillAttention a;
-  a.q = dq.ptr, a.ldq = ldq, a.k_cache = dk.ptr, a.v_cache = dv.ptr, a.ld_kv = ld_kv;
+  a.q = dq.ptr, a.ldq = ldq, a.k_cache = dk.ptr, a.v_cache = dv.ptr, a.ld_kv = cache.ld_kv;
   a.out = dout.ptr, a.out_bf16 = dout_bf16.ptr, a.ldo = ldo;
-  a.m = c.m, a.pos0 = c.pos0, a.n_head = c.n_head, a.n_kv_head = c.n_kv_head, a.head_dim = hd;
+  a.chunks = reinterpret_cast<const cuda::PrefillChunk*>(dchunks.ptr);
+  a.tiles = reinterpret_cast<const cuda::PrefillTile*>(dtiles.ptr);
+  a.n_tiles = int(tiles.size());
+  a.tables = dtables.ptr, a.block_size = cache.block_size;
+  a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(float(hd));
   cuda::launch_prefill_attention(a, nullptr);
-  check(cudaGetLastError(), "launch_prefill_attention");
   check(cudaDeviceSynchronize(), "prefill attention");
-  const std::vector<float> out = dout.download();
-  const std::vector<uint16_t> out_bf16 = dout_bf16.download();
+  if (out_bf16) *out_bf16 = dout_bf16.download();
+  return dout.download();
+}
+
+void run_attention_case(const std::vector<ChunkSpec>& chunks, int n_head, int n_kv_head, int hd, int block_size,
+                        uint64_t salt) {
+  const int64_t ldq = int64_t(n_head) * hd + 8, ldo = int64_t(n_head) * hd + 16, ld_kv = int64_t(n_kv_head) * hd;
+  int rows = 0;
+  for (const ChunkSpec& c : chunks) rows += c.m;
+  const PagedCache cache = make_cache(chunks, block_size, ld_kv, salt);
+  const std::vector<float> q = test::random_normal(size_t(rows * ldq), 1.0f, salt + 7);
+  std::vector<uint16_t> out_bf16;
+  const std::vector<float> out = run_paged_attention(cache, chunks, q, ldq, ldo, n_head, n_kv_head, hd, &out_bf16);
 
   // Tolerance: q and the probabilities are rounded to f16 (2^-11 relative); outputs are O(1).
   const double tol = 4e-3;
-  int failures = 0;
-  std::vector<double> score(static_cast<size_t>(kv_len));
-  for (int h = 0; h < c.n_head; ++h) {
-    const int g = h / (c.n_head / c.n_kv_head);
-    for (int i = 0; i < c.m; ++i) {
-      const int visible = c.pos0 + i + 1;
-      double mx = -INFINITY;
-      for (int j = 0; j < visible; ++j) {
-        double s = 0;
-        for (int d = 0; d < hd; ++d)
-          s += double(q[size_t(i * ldq + h * hd + d)]) * f16_to_f32(k[size_t(j * ld_kv + g * hd + d)]);
-        score[size_t(j)] = s / std::sqrt(double(hd));
-        mx = std::max(mx, score[size_t(j)]);
-      }
-      double denom = 0;
-      for (int j = 0; j < visible; ++j) denom += (score[size_t(j)] = std::exp(score[size_t(j)] - mx));
-      for (int d = 0; d < hd; ++d) {
-        double expect = 0;
-        for (int j = 0; j < visible; ++j) expect += score[size_t(j)] * f16_to_f32(v[size_t(j * ld_kv + g * hd + d)]);
-        expect /= denom;
-        const size_t at = size_t(i * ldo + h * hd + d);
-        if (!(std::fabs(out[at] - expect) <= tol) && failures++ < 5)
-          ADD_FAILURE() << "m=" << c.m << " pos0=" << c.pos0 << " hd=" << hd << " head " << h << " token " << i
-                        << " d " << d << ": " << out[at] << " expected " << expect;
-        if (out_bf16[at] != f32_to_bf16(out[at]) && failures++ < 5)
-          ADD_FAILURE() << "bf16 plane differs from the f32 output at token " << i << " head " << h;
+  int failures = 0, row0 = 0;
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    std::vector<double> score(size_t(chunks[c].pos0 + chunks[c].m));
+    for (int h = 0; h < n_head; ++h) {
+      const int g = h / (n_head / n_kv_head);
+      for (int i = 0; i < chunks[c].m; ++i) {
+        const int visible = chunks[c].pos0 + i + 1;
+        const size_t qrow = size_t(row0 + i);
+        double mx = -INFINITY;
+        for (int j = 0; j < visible; ++j) {
+          double s = 0;
+          for (int d = 0; d < hd; ++d)
+            s += double(q[qrow * ldq + size_t(h * hd + d)]) * f16_to_f32(cache.k[size_t(cache.slot(c, j) * ld_kv + g * hd + d)]);
+          score[size_t(j)] = s / std::sqrt(double(hd));
+          mx = std::max(mx, score[size_t(j)]);
+        }
+        double denom = 0;
+        for (int j = 0; j < visible; ++j) denom += (score[size_t(j)] = std::exp(score[size_t(j)] - mx));
+        for (int d = 0; d < hd; ++d) {
+          double expect = 0;
+          for (int j = 0; j < visible; ++j)
+            expect += score[size_t(j)] * f16_to_f32(cache.v[size_t(cache.slot(c, j) * ld_kv + g * hd + d)]);
+          expect /= denom;
+          const size_t at = qrow * ldo + size_t(h * hd + d);
+          if (!(std::fabs(out[at] - expect) <= tol) && failures++ < 5)
+            ADD_FAILURE() << "chunk " << c << " m=" << chunks[c].m << " pos0=" << chunks[c].pos0 << " hd=" << hd
+                          << " head " << h << " query " << i << " d " << d << ": " << out[at] << " expected " << expect;
+          if (out_bf16[at] != f32_to_bf16(out[at]) && failures++ < 5)
+            ADD_FAILURE() << "bf16 plane differs from the f32 output at query " << i << " head " << h;
+        }
       }
     }
+    row0 += chunks[c].m;
   }
   EXPECT_EQ(failures, 0);
 }
 
 class PrefillAttentionHeadDim : public testing::TestWithParam<int> {};
 
-TEST_P(PrefillAttentionHeadDim, CausalGqaMatchesFloat64Reference) {
+TEST_P(PrefillAttentionHeadDim, CausalGqaOverPagedCacheMatchesFloat64Reference) {
   REQUIRE_DEVICE();
   const int hd = GetParam();
   uint64_t salt = 5000 + uint64_t(hd);
-  run_attention_case({1, 0, 4, 2, hd}, salt += 10);     // one token
-  run_attention_case({7, 37, 4, 1, hd}, salt += 10);    // pos0 > 0, all heads share one kv head
-  run_attention_case({100, 0, 6, 2, hd}, salt += 10);   // partial query tile, group 3
-  run_attention_case({130, 300, 4, 2, hd}, salt += 10); // several query and key tiles
-  run_attention_case({64, 64, 2, 2, hd}, salt += 10);   // tile-aligned boundaries, no GQA
+  run_attention_case({{1, 0}}, 4, 2, hd, 16, salt += 100);             // one token
+  run_attention_case({{7, 37}}, 4, 1, hd, 16, salt += 100);            // pos0 > 0, one kv head for all
+  run_attention_case({{100, 0}}, 6, 2, hd, 64, salt += 100);           // partial query tile, group 3
+  run_attention_case({{130, 300}}, 4, 2, hd, 32, salt += 100);         // several query and key tiles
+  run_attention_case({{64, 64}}, 2, 2, hd, 128, salt += 100);          // tile-aligned, no GQA
+  // several sequences' chunks in one launch, each with its own block table
+  run_attention_case({{7, 37}, {100, 0}, {130, 300}, {1, 5}}, 4, 2, hd, 16, salt += 100);
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, PrefillAttentionHeadDim, testing::Values(64, 128));
+
+// A query's output does not depend on how its prompt was cut into chunks: keys are visited in
+// tiles from position 0 whatever the chunk, so the bits are equal.
+TEST(PrefillAttention, ChunkingDoesNotChangeTheBits) {
+  REQUIRE_DEVICE();
+  const int hd = 128, n_head = 4, n_kv = 2, len = 150;
+  const int64_t ld = int64_t(n_head) * hd, ld_kv = int64_t(n_kv) * hd;
+  const PagedCache cache = make_cache({{len, 0}}, 16, ld_kv, 6100);
+  const std::vector<float> q = test::random_normal(size_t(len * ld), 1.0f, 6101);
+  const std::vector<float> whole = run_paged_attention(cache, {{len, 0}}, q, ld, ld, n_head, n_kv, hd);
+  int pos = 0;
+  for (int m : {64, 50, 1, 35}) {
+    const std::vector<float> part_q(q.begin() + pos * ld, q.begin() + (pos + m) * ld);
+    const std::vector<float> part = run_paged_attention(cache, {{m, pos}}, part_q, ld, ld, n_head, n_kv, hd);
+    ASSERT_EQ(std::memcmp(part.data(), whole.data() + pos * ld, size_t(m * ld) * 4), 0) << "chunk at " << pos;
+    pos += m;
+  }
+}
 
 TEST(PrefillAttention, RejectsUnsupportedShapes) {
   PrefillAttention a;
   a.q = a.out = reinterpret_cast<float*>(uintptr_t(256));
   a.k_cache = a.v_cache = reinterpret_cast<const uint16_t*>(uintptr_t(256));
-  a.m = 4, a.n_head = 4, a.n_kv_head = 2, a.head_dim = 96, a.ldq = a.ldo = 512, a.ld_kv = 256;
+  a.chunks = reinterpret_cast<const cuda::PrefillChunk*>(uintptr_t(256));
+  a.tiles = reinterpret_cast<const cuda::PrefillTile*>(uintptr_t(256));
+  a.tables = reinterpret_cast<const int32_t*>(uintptr_t(256));
+  a.n_tiles = 1, a.block_size = 16;
+  a.n_head = 4, a.n_kv_head = 2, a.head_dim = 96, a.ldq = a.ldo = 512, a.ld_kv = 256;
   EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // head_dim 96
   a.head_dim = 64, a.n_kv_head = 3;
   EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // 4 heads over 3 kv heads
   a.n_kv_head = 2, a.ldq = 200;
   EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // q stride too small
+  a.ldq = 512, a.block_size = 24;
+  EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // block size not a power of two
 }
 
 }  // namespace

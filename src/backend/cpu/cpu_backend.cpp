@@ -1,10 +1,15 @@
 // The CPU reference backend: executes the graph node by node with the ops in ops.cpp, keeping an
-// f32 KV cache per layer.
+// f32 KV cache per layer in blocks of positions.
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
 #include <map>
 
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
 #include "quant/quant.h"
+#include "sampling/sampler.h"
 #include "util/error.h"
 
 namespace minfer {
@@ -12,8 +17,8 @@ namespace {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(const Model& model, const Graph& graph, int n_threads)
-      : model_(model), graph_(graph), pool_(n_threads) {
+  CpuBackend(const Model& model, int n_threads)
+      : model_(model), graph_(build_graph(model)), pool_(n_threads) {
     for (const Node& node : graph_.nodes) {
       if (node.op == Op::MatMul || node.op == Op::Output) cpu::check_matmul_weight(*node.weight);
       if (node.op == Op::RmsNorm) keep_as_f32(node.weight);
@@ -26,35 +31,60 @@ class CpuBackend final : public Backend {
   }
 
   std::string name() const override { return "cpu"; }
-  int max_batch() const override { return max_batch_; }
+  int max_tokens() const override { return max_tokens_; }
 
-  void reserve(int n_ctx, int max_batch) override {
-    if (n_ctx <= 0 || max_batch <= 0)
-      fail("cpu backend: invalid sizes n_ctx=", n_ctx, " max_batch=", max_batch);
-    const HParams& hp = model_.hp;
-    n_ctx_ = n_ctx;
-    max_batch_ = max_batch;
-    const size_t cache_floats = size_t(n_ctx) * size_t(hp.n_head_kv) * size_t(hp.head_dim);
-    k_cache_.assign(size_t(hp.n_layer), std::vector<float>(cache_floats));
-    v_cache_.assign(size_t(hp.n_layer), std::vector<float>(cache_floats));
-    for (int s = 0; s < kNumSlots; ++s)
-      if (s != kLogits) slots_[size_t(s)].assign(size_t(max_batch) * size_t(graph_.slot_width[size_t(s)]), 0.0f);
+  int64_t kv_block_bytes(int block_size) const override {
+    return int64_t(model_.hp.n_layer) * 2 * block_size * kv_width() * int64_t(sizeof(float));
+  }
+  int64_t workspace_bytes(int max_tokens) const override {
+    int64_t floats = 0;  // every slot, the logits of every row included
+    for (int s = 0; s < kNumSlots; ++s) floats += int64_t(max_tokens) * graph_.slot_width[size_t(s)];
+    return floats * int64_t(sizeof(float));
+  }
+  int64_t memory_available() const override {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    int64_t kib = 0;
+    while (meminfo >> key >> kib)
+      if (key == "MemAvailable:") return kib * 1024;
+    return int64_t(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   }
 
-  void forward(const Batch& batch, std::vector<float>& logits) override {
-    const HParams& hp = model_.hp;
-    const int n_tokens = int(batch.tokens.size());
-    if (max_batch_ == 0) fail("cpu backend: forward before reserve");
-    if (n_tokens == 0 || n_tokens > max_batch_)
-      fail("cpu backend: batch of ", n_tokens, " tokens (allowed 1 .. ", max_batch_, ")");
-    if (batch.pos < 0 || int64_t(batch.pos) + n_tokens > n_ctx_)
-      fail("cpu backend: positions ", batch.pos, " .. ", int64_t(batch.pos) + n_tokens - 1,
-           " do not fit the KV cache of ", n_ctx_, " positions");
+  void reserve(int n_blocks, int block_size, int max_tokens) override {
+    if (n_blocks <= 0 || block_size <= 0 || max_tokens <= 0)
+      fail("cpu backend: invalid sizes n_blocks=", n_blocks, " block_size=", block_size, " max_tokens=", max_tokens);
+    if (max_tokens_) fail("cpu backend: reserve called twice");
+    n_blocks_ = n_blocks;
+    block_size_ = block_size;
+    max_tokens_ = max_tokens;
+    const size_t cache_floats = size_t(n_blocks) * size_t(block_size) * size_t(kv_width());
+    k_cache_.assign(size_t(model_.hp.n_layer), std::vector<float>(cache_floats));
+    v_cache_.assign(size_t(model_.hp.n_layer), std::vector<float>(cache_floats));
+    for (int s = 0; s < kNumSlots; ++s)
+      if (s != kLogits) slots_[size_t(s)].assign(size_t(max_tokens) * size_t(graph_.slot_width[size_t(s)]), 0.0f);
+  }
 
-    const cpu::RopeTable rope = cpu::rope_table(
-        batch.pos, n_tokens, hp.head_dim, hp.rope_base, hp.rope_freq_scale,
-        model_.rope_freqs ? f32(model_.rope_freqs) : nullptr);
-    const int n_out_rows = batch.all_logits ? n_tokens : 1;
+  void copy_blocks(std::span<const BlockCopy> copies) override {
+    const size_t block_floats = size_t(block_size_) * size_t(kv_width());
+    for (const BlockCopy& c : copies) {
+      if (c.src < 0 || c.dst < 0 || c.src >= n_blocks_ || c.dst >= n_blocks_)
+        fail("cpu backend: block copy ", c.src, " -> ", c.dst, " outside the pool of ", n_blocks_);
+      for (auto* cache : {&k_cache_, &v_cache_})
+        for (std::vector<float>& layer : *cache)
+          std::copy_n(layer.begin() + ptrdiff_t(size_t(c.src) * block_floats), block_floats,
+                      layer.begin() + ptrdiff_t(size_t(c.dst) * block_floats));
+    }
+  }
+
+  void forward(const StepBatch& batch, StepOutput& result) override {
+    const HParams& hp = model_.hp;
+    validate_step(batch, max_tokens_, n_blocks_, block_size_, hp.n_vocab);
+    const int n_tokens = int(batch.tokens.size());
+    positions_.clear();
+    for (const SeqChunk& c : batch.chunks)
+      for (int t = 0; t < c.n_tokens; ++t) positions_.push_back(c.pos + t);
+    const cpu::RopeTable rope = cpu::rope_table(positions_, hp.head_dim, hp.rope_base, hp.rope_freq_scale,
+                                                model_.rope_freqs ? f32(model_.rope_freqs) : nullptr);
     const bool dump = dump_enabled();
 
     for (size_t i = 0; i < graph_.nodes.size(); ++i) {
@@ -78,10 +108,13 @@ class CpuBackend final : public Backend {
           cpu::rope(out, node.n_heads, hp.head_dim, rope, hp.rope_type);
           break;
         case Op::Attention: {
-          const cpu::KvCacheView cache{k_cache_[size_t(node.layer)].data(),
-                                       v_cache_[size_t(node.layer)].data(), n_ctx_};
-          cpu::attention(pool_, in0, in1, slot(node.in[2]), n_tokens, batch.pos, node.n_heads,
-                         hp.n_head_kv, hp.head_dim, cache, out);
+          const int64_t q_width = graph_.slot_width[size_t(node.in[0])], kvw = kv_width();
+          for (const SeqChunk& c : batch.chunks) {
+            const cpu::KvSeqView cache{k_cache_[size_t(node.layer)].data(), v_cache_[size_t(node.layer)].data(),
+                                       block_size_, c.blocks};
+            cpu::attention(pool_, in0 + c.row * q_width, in1 + c.row * kvw, slot(node.in[2]) + c.row * kvw,
+                           c.n_tokens, c.pos, node.n_heads, hp.n_head_kv, hp.head_dim, cache, out + c.row * q_width);
+          }
           break;
         }
         case Op::SwiGLU:
@@ -91,21 +124,34 @@ class CpuBackend final : public Backend {
           cpu::add(in0, in1, out, n_tokens * width);
           break;
         case Op::Output: {
-          rows = n_out_rows;
-          logits.resize(size_t(rows * width));
-          out = logits.data();
+          // The wanted rows, gathered, through the output matrix.
           const int64_t in_width = graph_.slot_width[size_t(node.in[0])];
-          cpu::matmul(pool_, *node.weight, nullptr, in0 + (n_tokens - rows) * in_width, rows,
-                      out, scratch_);
+          rows = int64_t(batch.output_rows.size());
+          gathered_.resize(size_t(rows * in_width));
+          for (int64_t r = 0; r < rows; ++r)
+            std::copy_n(in0 + batch.output_rows[size_t(r)] * in_width, in_width, gathered_.begin() + r * in_width);
+          logits_.resize(size_t(rows * width));
+          out = logits_.data();
+          if (rows > 0) cpu::matmul(pool_, *node.weight, nullptr, gathered_.data(), rows, out, scratch_);
           break;
         }
       }
       if (dump) dump_node(step_, int(i), node.name, rows, width, out);
     }
     ++step_;
+
+    const size_t vocab = size_t(hp.n_vocab);
+    result.argmax.clear();
+    result.logits.clear();
+    for (size_t r = 0; r < batch.output_rows.size(); ++r) {
+      const std::span<const float> row(logits_.data() + r * vocab, vocab);
+      result.argmax.push_back(argmax(row));
+      if (batch.copy_logits[r]) result.logits.insert(result.logits.end(), row.begin(), row.end());
+    }
   }
 
  private:
+  int64_t kv_width() const { return int64_t(model_.hp.n_head_kv) * model_.hp.head_dim; }
   float* slot(int s) { return slots_[size_t(s)].data(); }
   const float* f32(const Tensor* t) const {
     return t ? f32_copies_.at(t).data() : nullptr;
@@ -128,15 +174,17 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::map<const Tensor*, std::vector<float>> f32_copies_;  // norms, biases, rope_freqs
   std::array<std::vector<float>, kNumSlots> slots_;
-  std::vector<std::vector<float>> k_cache_, v_cache_;
+  std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [n_blocks * block_size][kv width]
   std::vector<BlockQ8Pad40> scratch_;
-  int n_ctx_ = 0, max_batch_ = 0, step_ = 0;
+  std::vector<int32_t> positions_;
+  std::vector<float> gathered_, logits_;
+  int n_blocks_ = 0, block_size_ = 0, max_tokens_ = 0, step_ = 0;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(const Model& model, const Graph& graph, int n_threads) {
-  return std::make_unique<CpuBackend>(model, graph, n_threads);
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, int n_threads) {
+  return std::make_unique<CpuBackend>(model, n_threads);
 }
 
 }  // namespace minfer

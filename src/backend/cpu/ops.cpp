@@ -88,8 +88,9 @@ void matmul(ThreadPool& pool, const Tensor& w, const float* bias, const float* x
   }
 }
 
-RopeTable rope_table(int pos0, int n_tokens, int head_dim, float base, float freq_scale,
+RopeTable rope_table(std::span<const int32_t> positions, int head_dim, float base, float freq_scale,
                      const float* freq_factors) {
+  const int n_tokens = int(positions.size());
   RopeTable tab;
   tab.n_tokens = n_tokens;
   tab.half = head_dim / 2;
@@ -99,7 +100,7 @@ RopeTable rope_table(int pos0, int n_tokens, int head_dim, float base, float fre
     double inv_freq = std::pow(double(base), -2.0 * i / head_dim) * freq_scale;
     if (freq_factors) inv_freq /= freq_factors[i];
     for (int t = 0; t < n_tokens; ++t) {
-      const double angle = double(pos0 + t) * inv_freq;
+      const double angle = double(positions[size_t(t)]) * inv_freq;
       tab.cos[size_t(t) * tab.half + i] = float(std::cos(angle));
       tab.sin[size_t(t) * tab.half + i] = float(std::sin(angle));
     }
@@ -129,12 +130,15 @@ void rope(float* x, int n_heads, int head_dim, const RopeTable& tab, RopeType ty
 }
 
 void attention(ThreadPool& pool, const float* q, const float* k_new, const float* v_new,
-               int n_tokens, int pos0, int n_head, int n_head_kv, int head_dim, KvCacheView cache,
+               int n_tokens, int pos0, int n_head, int n_head_kv, int head_dim, const KvSeqView& cache,
                float* out) {
   const int64_t kv_width = int64_t(n_head_kv) * head_dim;
   const int64_t q_width = int64_t(n_head) * head_dim;
-  std::copy(k_new, k_new + n_tokens * kv_width, cache.k + pos0 * kv_width);
-  std::copy(v_new, v_new + n_tokens * kv_width, cache.v + pos0 * kv_width);
+  for (int t = 0; t < n_tokens; ++t) {
+    const int64_t row = cache.row(pos0 + t) * kv_width;
+    std::copy(k_new + t * kv_width, k_new + (t + 1) * kv_width, cache.k + row);
+    std::copy(v_new + t * kv_width, v_new + (t + 1) * kv_width, cache.v + row);
+  }
   const int group = n_head / n_head_kv;
   const float scale = 1.0f / std::sqrt(float(head_dim));
 
@@ -148,7 +152,7 @@ void attention(ThreadPool& pool, const float* q, const float* k_new, const float
 
       float max_score = -INFINITY;
       for (int j = 0; j < n_keys; ++j) {
-        const float* kj = cache.k + j * kv_width + kv_off;
+        const float* kj = cache.k + cache.row(j) * kv_width + kv_off;
         float dot = 0;
         for (int d = 0; d < head_dim; ++d) dot += qh[d] * kj[d];
         weights[size_t(j)] = dot * scale;
@@ -160,7 +164,7 @@ void attention(ThreadPool& pool, const float* q, const float* k_new, const float
       float* o = out + t * q_width + int64_t(h) * head_dim;
       std::fill(o, o + head_dim, 0.0f);
       for (int j = 0; j < n_keys; ++j) {
-        const float* vj = cache.v + j * kv_width + kv_off;
+        const float* vj = cache.v + cache.row(j) * kv_width + kv_off;
         const float w = weights[size_t(j)] / sum;
         for (int d = 0; d < head_dim; ++d) o[d] += w * vj[d];
       }

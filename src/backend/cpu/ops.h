@@ -30,28 +30,34 @@ void matmul(ThreadPool& pool, const Tensor& weight, const float* bias, const flo
 void check_matmul_weight(const Tensor& weight);
 
 // cos/sin of every (token, frequency) pair of one batch, shared by all layers and heads:
-// angle = (pos0 + t) * freq_scale * base^(-2i/head_dim) / freq_factors[i].
+// angle = positions[t] * freq_scale * base^(-2i/head_dim) / freq_factors[i].
 struct RopeTable {
   int n_tokens = 0;
   int half = 0;  // head_dim / 2
   std::vector<float> cos, sin;  // [n_tokens][half]
 };
-RopeTable rope_table(int pos0, int n_tokens, int head_dim, float base, float freq_scale,
+RopeTable rope_table(std::span<const int32_t> positions, int head_dim, float base, float freq_scale,
                      const float* freq_factors /* nullable, [head_dim/2] */);
 // In place on x ([n_tokens][n_heads * head_dim]). Normal rotates pairs (2i, 2i+1); NeoX rotates
 // pairs (i, i + head_dim/2).
 void rope(float* x, int n_heads, int head_dim, const RopeTable& table, RopeType type);
 
-// Causal attention with grouped KV heads over a cache of [n_ctx][n_head_kv * head_dim] rows.
-// First writes this batch's k and v rows to cache positions pos0 .. pos0 + n_tokens - 1 (the
-// caller guarantees they fit), then for token t attends over positions 0 .. pos0 + t.
-struct KvCacheView {
+// One sequence's KV rows of one layer: position p lives in row
+// blocks[p / block_size] * block_size + p % block_size of the k and v arrays (n_head_kv * head_dim
+// floats a row). A contiguous cache is one block of n_ctx positions.
+struct KvSeqView {
   float* k = nullptr;
   float* v = nullptr;
-  int n_ctx = 0;
+  int block_size = 0;
+  std::span<const int32_t> blocks;
+  int64_t row(int p) const { return int64_t(blocks[size_t(p / block_size)]) * block_size + p % block_size; }
 };
+
+// Causal attention with grouped KV heads for n_tokens consecutive tokens of one sequence at
+// positions pos0 .. pos0 + n_tokens - 1. First writes their k and v rows into the cache (the caller
+// guarantees the blocks exist), then token t attends over positions 0 .. pos0 + t.
 void attention(ThreadPool& pool, const float* q, const float* k_new, const float* v_new,
-               int n_tokens, int pos0, int n_head, int n_head_kv, int head_dim, KvCacheView cache,
+               int n_tokens, int pos0, int n_head, int n_head_kv, int head_dim, const KvSeqView& cache,
                float* out);
 
 void swiglu(const float* gate, const float* up, float* out, int64_t n);  // silu(gate) * up

@@ -3,746 +3,598 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
-#include <thread>
 
+#include "backend/cuda/device.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
+#include "backend/cuda/weights.h"
 #include "util/error.h"
-#include "util/progress.h"
 
 namespace minfer {
-
 namespace cuda {
+
+int mma_min_rows() {
+  static const int rows = [] {
+    const char* v = std::getenv("MINFER_MMA_MIN_ROWS");
+    return v && *v ? std::max(1, std::atoi(v)) : 2;
+  }();
+  return rows;
+}
+
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA ", what, ": ", cudaGetErrorString(e));
+// The prompt GEMM's K split is planned for this many tokens whatever a launch holds (batch
+// invariance); 512 is the default step size, where the split was tuned (docs/08).
+constexpr int kGemmPlanTokens = 512;
+
+// Decode-only steps are captured per bucket: the row count padded up to the next bucket.
+int bucket_rows(int rows) {
+  if (rows <= 8) return rows;
+  if (rows <= 64) return (rows + 7) / 8 * 8;
+  return (rows + 31) / 32 * 32;
 }
 
-bool env_off(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
-
-int64_t align_up(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
-
-template <typename T>
-T* device_alloc(size_t count, int64_t& total) {
-  void* p = nullptr;
-  const size_t bytes = std::max<size_t>(count * sizeof(T), 256);
-  check(cudaMalloc(&p, bytes), "cudaMalloc");
-  total += int64_t(bytes);
-  return static_cast<T*>(p);
-}
+// Host and device copies of one step's per-row and per-chunk inputs.
+struct StepIo {
+  std::vector<int32_t> tokens, positions, slots, table_offsets, output_rows, tables;
+  std::vector<PrefillChunk> chunks;
+  std::vector<PrefillTile> tiles;
+  void clear() {
+    for (auto* v : {&tokens, &positions, &slots, &table_offsets, &output_rows, &tables}) v->clear();
+    chunks.clear();
+    tiles.clear();
+  }
+};
 
 }  // namespace
 
-Fusions Fusions::from_env() {
-  Fusions f;
-  f.decode_a_fuse = !env_off("MINFER_NO_DECODE_A_FUSE");
-  f.cuda_graph = !env_off("MINFER_NO_CUDA_GRAPH");
-  f.fused_qkv = !env_off("MINFER_NO_FUSED_QKV");
-  f.fused_ffn = !env_off("MINFER_NO_FUSED_FFN");
-  f.fused_residual = !env_off("MINFER_NO_FUSED_RESIDUAL");
-  return f;
-}
-
-Fusions Fusions::none() { return {false, false, false, false, false}; }
-
-enum class Mode { LastLogits, AllLogits, Greedy };
-
-// Pinned host block the decode graph reads its inputs from (position, tokens) and writes its
-// result into; the graph's memcpy nodes point here, so a replay only needs these bytes updated.
-struct HostIo {
-  int32_t pos;
-  int32_t result;
-  int32_t tokens[1];  // max_batch entries
-};
-
 struct CudaBackend::Impl {
   const Model& model;
-  const Graph& graph;
+  const Graph graph;
   const HParams& hp;
-  Fusions fusions;
-  cudaStream_t stream = nullptr;
-  int n_sms = 0;
-
-  // weights
-  uint8_t* arena = nullptr;
-  std::map<const Tensor*, DevMat> weights;
-  float* inv_freq = nullptr;
+  const Fusions fusions;
+  DeviceContext ctx;
+  Stream stream;
+  UploadStats upload;
+  DeviceWeights weights;
+  LoadStats stats;
 
   // sized by reserve()
-  int n_ctx = 0, max_batch = 0;
-  std::vector<uint16_t*> k_cache, v_cache;
-  float* slots[kNumSlots] = {};
-  uint8_t* q8 = nullptr;        // pad40 activation plane
-  uint16_t* bf16 = nullptr;     // prefill activation plane
-  float* attn_part = nullptr;
-  int decode_splits = 1;
-  int32_t* d_io = nullptr;      // device copy of HostIo (pos, result, tokens)
-  HostIo* h_io = nullptr;
-  float* h_logits = nullptr;    // pinned, one row of logits
-  std::vector<void*> allocations;
+  int n_blocks = 0, block_size = 0, max_tokens = 0, decode_splits = 1;
+  std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
+  std::array<DeviceArray<float>, kNumPlanSlots> slots;
+  DeviceArray<uint8_t> q8;     // pad40 activation plane
+  DeviceArray<uint16_t> bf16;  // prompt GEMM activation plane
+  DeviceArray<float> attn_part, gemm_workspace;
+  DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
+  DeviceArray<int32_t> d_chunks;  // PrefillChunk[max_tokens] | PrefillTile[2 max_tokens]
+  DeviceArray<int32_t> d_tables;  // grows with the step's block tables
+  PinnedArray<int32_t> h_staging;
+  StepIo io;
 
-  // decode graphs by mode
-  cudaGraphExec_t graph_exec[3] = {nullptr, nullptr, nullptr};
-
-  // issue-time state
-  struct MmqCache {
-    const float* src = nullptr;
-    int n = 0, dim = 0;
-    const uint8_t* q8 = nullptr;
-    void clear() { src = nullptr; }
-  } mmq;
-  int kv_written_layer = -1;
-
-  // census
-  bool timing = false;
-  struct Mark {
-    const char* name;
-    cudaEvent_t start, stop;
+  struct Captured {
+    GraphExec exec;
+    std::vector<Launch> launches;
   };
-  std::vector<Mark> marks;
-  std::vector<cudaEvent_t> event_pool;
-  size_t events_used = 0;
-
+  std::map<int, Captured> graphs;  // decode-only steps by bucket
+  std::vector<Launch> eager_launches;
+  const std::vector<Launch>* launches = &eager_launches;  // of the last step
   int step = 0;
 
-  Impl(const Model& m, const Graph& g, Fusions f) : model(m), graph(g), hp(m.hp), fusions(f) {}
+  // census
+  bool census_next = false, timing = false;
+  std::vector<std::pair<std::string, std::pair<Event, Event>>> marks;
 
-  const DevMat& mat(const Tensor* t) const { return weights.at(t); }
-  const float* f32(const Tensor* t) const {
-    return t ? reinterpret_cast<const float*>(weights.at(t).data) : nullptr;
+  Impl(const Model& m, Fusions f, int device)
+      : model(m), graph(build_graph(m)), hp(m.hp), fusions(f), ctx(device), weights(m, graph, upload) {
+    stats.upload_seconds = upload.seconds;
+    stats.weight_bytes = upload.bytes;
   }
-  int width(int slot) const { return int(graph.slot_width[size_t(slot)]); }
-  const int* d_pos() const { return d_io; }
-  const int32_t* d_tokens() const { return d_io + 2; }
 
-  cudaEvent_t next_event() {
-    if (events_used == event_pool.size()) {
-      cudaEvent_t e;
-      check(cudaEventCreate(&e), "cudaEventCreate");
-      event_pool.push_back(e);
+  int64_t kv_width() const { return int64_t(hp.n_head_kv) * hp.head_dim; }
+  int64_t width(int slot) const { return slot == kOutputRowsSlot ? graph.slot_width[kH] : graph.slot_width[size_t(slot)]; }
+  float* slot(int s) const { return slots[size_t(s)].get(); }
+  int32_t* rows_section(int i) const { return d_rows.get() + size_t(i) * size_t(max_tokens); }
+  int32_t* d_tokens() const { return rows_section(0); }
+  int32_t* d_positions() const { return rows_section(1); }
+  int32_t* d_slots() const { return rows_section(2); }
+  int32_t* d_table_offsets() const { return rows_section(3); }
+  int32_t* d_output_rows() const { return rows_section(4); }
+  int32_t* d_argmax() const { return rows_section(5); }
+  PrefillChunk* d_prefill_chunks() const { return reinterpret_cast<PrefillChunk*>(d_chunks.get()); }
+  PrefillTile* d_prefill_tiles() const {
+    return reinterpret_cast<PrefillTile*>(d_chunks.get() + 4 * size_t(max_tokens));
+  }
+  KvLayer kv_layer(int layer) const {
+    return {k_cache[size_t(layer)].get(), v_cache[size_t(layer)].get(), hp.n_head_kv, hp.head_dim};
+  }
+  RopeParams rope() const { return {weights.inv_freq(), hp.head_dim, hp.rope_type == RopeType::NeoX}; }
+
+  int64_t gemm_workspace_needed(int tokens) const {
+    size_t most = 0;
+    for (const Node& n : graph.nodes) {
+      if (n.op != Op::MatMul || !prefill_gemm_supports(n.weight->type)) continue;
+      PrefillGemm g;
+      g.w_type = n.weight->type;
+      g.n = n.weight->rows();
+      g.k = n.weight->shape[0];
+      g.m = tokens;
+      g.m_plan = fusions.batch_invariant ? kGemmPlanTokens : 0;
+      g.sm_count = ctx.sm_count;
+      most = std::max(most, prefill_gemm_workspace_bytes(g));
     }
-    return event_pool[events_used++];
+    return int64_t(most);
   }
-  // Brackets one kernel launch with events when taking a census.
-  template <typename F>
-  void launch(const char* name, F&& fn) {
-    if (!timing) {
-      fn();
+  int splits_for_decode() const { return std::max(1, (2 * ctx.sm_count + hp.n_head_kv - 1) / hp.n_head_kv); }
+  int64_t workspace_bytes(int tokens) const {
+    int64_t floats = 0, max_width = 0;
+    for (int s = 0; s < kNumPlanSlots; ++s) {
+      floats += int64_t(tokens) * width(s);
+      max_width = std::max(max_width, width(s));
+    }
+    floats += attention_workspace_floats(tokens, hp.n_head, hp.head_dim, splits_for_decode());
+    return floats * 4 + tokens * pad40_row_bytes(max_width) + int64_t(tokens) * max_width * 2 +
+           gemm_workspace_needed(tokens) + int64_t(tokens) * 64;
+  }
+
+  void reserve(int n_blocks_, int block_size_, int max_tokens_) {
+    if (n_blocks_ <= 0 || block_size_ <= 0 || max_tokens_ <= 0)
+      fail("cuda backend: invalid sizes n_blocks=", n_blocks_, " block_size=", block_size_, " max_tokens=", max_tokens_);
+    if (block_size_ & (block_size_ - 1)) fail("cuda backend: the KV block size ", block_size_, " is not a power of two");
+    if (max_tokens) fail("cuda backend: reserve called twice");
+    ctx.make_current();
+    n_blocks = n_blocks_;
+    block_size = block_size_;
+    max_tokens = max_tokens_;
+    // One block past the pool: the padding rows of captured decode graphs write their K/V there.
+    const size_t cache_elems = size_t(n_blocks + 1) * size_t(block_size) * size_t(kv_width());
+    for (int l = 0; l < hp.n_layer; ++l) {
+      k_cache.emplace_back(cache_elems, "cudaMalloc (KV cache)");
+      v_cache.emplace_back(cache_elems, "cudaMalloc (KV cache)");
+      stats.kv_bytes += int64_t(2 * cache_elems * 2);
+    }
+    int64_t max_width = 0;
+    for (int s = 0; s < kNumPlanSlots; ++s) {
+      slots[size_t(s)] = DeviceArray<float>(size_t(max_tokens) * size_t(width(s)));
+      max_width = std::max(max_width, width(s));
+    }
+    q8 = DeviceArray<uint8_t>(size_t(max_tokens) * size_t(pad40_row_bytes(max_width)));
+    bf16 = DeviceArray<uint16_t>(size_t(max_tokens) * size_t(max_width));
+    decode_splits = splits_for_decode();
+    attn_part = DeviceArray<float>(size_t(attention_workspace_floats(max_tokens, hp.n_head, hp.head_dim, decode_splits)));
+    gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
+    d_rows = DeviceArray<int32_t>(6 * size_t(max_tokens));
+    d_chunks = DeviceArray<int32_t>(4 * size_t(max_tokens) + 2 * 2 * size_t(max_tokens));
+    stats.workspace_bytes = workspace_bytes(max_tokens);
+  }
+
+  void copy_blocks(std::span<const BlockCopy> copies) {
+    ctx.make_current();
+    const size_t block_bytes = size_t(block_size) * size_t(kv_width()) * 2;
+    for (const BlockCopy& c : copies) {
+      if (c.src < 0 || c.dst < 0 || c.src >= n_blocks || c.dst >= n_blocks)
+        fail("cuda backend: block copy ", c.src, " -> ", c.dst, " outside the pool of ", n_blocks);
+      for (int l = 0; l < hp.n_layer; ++l)
+        for (auto* cache : {&k_cache, &v_cache}) {
+          uint8_t* base = reinterpret_cast<uint8_t*>((*cache)[size_t(l)].get());
+          check(cudaMemcpyAsync(base + size_t(c.dst) * block_bytes, base + size_t(c.src) * block_bytes, block_bytes,
+                                cudaMemcpyDeviceToDevice, stream.get()),
+                "cudaMemcpyAsync (KV block copy)");
+        }
+    }
+  }
+
+  // ---- one step ---------------------------------------------------------------------------------
+  struct Geometry {
+    int n = 0, decode = 0, out_rows = 0, n_tiles = 0;
+  };
+
+  // Fills io from the batch (plus `padding` decode rows for a captured graph's bucket).
+  void build_io(const StepBatch& b, int padding) {
+    io.clear();
+    for (const SeqChunk& c : b.chunks) {
+      const int32_t table_offset = int32_t(io.tables.size());
+      io.tables.insert(io.tables.end(), c.blocks.begin(), c.blocks.end());
+      if (!c.decode) io.chunks.push_back({c.row, c.n_tokens, c.pos, table_offset});
+      for (int t = 0; t < c.n_tokens; ++t) {
+        const int p = c.pos + t;
+        io.tokens.push_back(b.tokens[size_t(c.row + t)]);
+        io.positions.push_back(p);
+        io.slots.push_back(c.blocks[size_t(p / block_size)] * block_size + p % block_size);
+        io.table_offsets.push_back(table_offset);
+      }
+    }
+    io.output_rows.assign(b.output_rows.begin(), b.output_rows.end());
+    if (padding > 0) {  // rows that attend to one position of the scratch block and write only there
+      const int32_t scratch_table = int32_t(io.tables.size());
+      io.tables.push_back(n_blocks);
+      for (int i = 0; i < padding; ++i) {
+        io.output_rows.push_back(int32_t(io.tokens.size()));
+        io.tokens.push_back(0);
+        io.positions.push_back(0);
+        io.slots.push_back(n_blocks * block_size);
+        io.table_offsets.push_back(scratch_table);
+      }
+    }
+    io.tiles = prefill_attention_tiles(io.chunks);
+  }
+
+  void upload_io() {
+    const size_t table_ints = io.tables.size();
+    const size_t chunk_ints = io.chunks.size() * 4, tile_ints = io.tiles.size() * 2;
+    if (d_tables.size() < table_ints) {
+      d_tables = DeviceArray<int32_t>(std::max(table_ints, 2 * d_tables.size()));
+      graphs.clear();  // they hold the old table address
+    }
+    const size_t staging = 6 * size_t(max_tokens) + chunk_ints + tile_ints + table_ints;
+    if (h_staging.size() < staging) h_staging = PinnedArray<int32_t>(std::max(staging, 2 * h_staging.size()));
+    int32_t* h = h_staging.get();
+    const std::vector<int32_t>* sections[5] = {&io.tokens, &io.positions, &io.slots, &io.table_offsets, &io.output_rows};
+    for (int i = 0; i < 5; ++i) std::copy(sections[i]->begin(), sections[i]->end(), h + size_t(i) * max_tokens);
+    check(cudaMemcpyAsync(d_rows.get(), h, 5 * size_t(max_tokens) * 4, cudaMemcpyHostToDevice, stream.get()),
+          "cudaMemcpyAsync (step rows)");
+    int32_t* tail = h + 6 * size_t(max_tokens);
+    if (chunk_ints > 0) {
+      std::memcpy(tail, io.chunks.data(), chunk_ints * 4);
+      std::memcpy(tail + chunk_ints, io.tiles.data(), tile_ints * 4);
+      check(cudaMemcpyAsync(d_chunks.get(), tail, chunk_ints * 4, cudaMemcpyHostToDevice, stream.get()),
+            "cudaMemcpyAsync (prompt chunks)");
+      check(cudaMemcpyAsync(d_prefill_tiles(), tail + chunk_ints, tile_ints * 4, cudaMemcpyHostToDevice, stream.get()),
+            "cudaMemcpyAsync (prompt tiles)");
+    }
+    int32_t* tables = tail + chunk_ints + tile_ints;
+    std::copy(io.tables.begin(), io.tables.end(), tables);
+    check(cudaMemcpyAsync(d_tables.get(), tables, table_ints * 4, cudaMemcpyHostToDevice, stream.get()),
+          "cudaMemcpyAsync (block tables)");
+  }
+
+  void forward(const StepBatch& b, StepOutput& result) {
+    validate_step(b, max_tokens, n_blocks, block_size, hp.n_vocab);
+    ctx.make_current();
+    const int n = int(b.tokens.size());
+    int decode_rows = 0;
+    for (const SeqChunk& c : b.chunks) decode_rows += c.decode ? 1 : 0;
+    const int n_out = int(b.output_rows.size());
+    bool all_rows_out = decode_rows == n && n_out == n;
+    for (int i = 0; all_rows_out && i < n_out; ++i) all_rows_out = b.output_rows[size_t(i)] == i;
+
+    const bool dump = dump_enabled();
+    timing = census_next;
+    census_next = false;
+    const Fusions f = dump ? Fusions::none() : fusions;
+    const bool use_graph = f.cuda_graph && !dump && !timing && all_rows_out;
+    const int rows = use_graph ? std::min(bucket_rows(n), max_tokens) : n;
+    build_io(b, rows - n);
+    upload_io();
+
+    Geometry geo{rows, use_graph ? rows : decode_rows, use_graph ? rows : n_out, int(io.tiles.size())};
+    const StepShape shape{geo.decode > 0, geo.decode < geo.n, all_rows_out};
+    if (use_graph) {
+      auto it = graphs.find(rows);
+      if (it == graphs.end()) {
+        std::vector<Launch> plan = lower(graph, f, shape);
+        cudaGraph_t g = nullptr;
+        check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+        try {
+          for (const Launch& l : plan) execute(l, geo, f);
+        } catch (...) {
+          cudaStreamEndCapture(stream.get(), &g);
+          if (g) cudaGraphDestroy(g);
+          throw;
+        }
+        check(cudaStreamEndCapture(stream.get(), &g), "cudaStreamEndCapture");
+        GraphExec exec(g);
+        cudaGraphDestroy(g);
+        it = graphs.emplace(rows, Captured{std::move(exec), std::move(plan)}).first;
+      }
+      launches = &it->second.launches;
+      check(cudaGraphLaunch(it->second.exec.get(), stream.get()), "cudaGraphLaunch");
+    } else {
+      eager_launches = lower(graph, f, shape);
+      launches = &eager_launches;
+      if (timing) marks.clear();
+      for (const Launch& l : eager_launches) {
+        if (timing) {
+          marks.emplace_back(launch_name(l, geo), std::make_pair(Event(), Event()));
+          check(cudaEventRecord(marks.back().second.first.get(), stream.get()), "cudaEventRecord");
+        }
+        execute(l, geo, f);
+        if (timing) check(cudaEventRecord(marks.back().second.second.get(), stream.get()), "cudaEventRecord");
+        if (dump && l.completes_node >= 0) dump_output(l.completes_node, geo);
+      }
+    }
+
+    result.argmax.resize(size_t(n_out));
+    check(cudaMemcpyAsync(result.argmax.data(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream.get()),
+          "cudaMemcpyAsync (argmax)");
+    const size_t vocab = size_t(hp.n_vocab);
+    size_t wanted = 0;
+    for (uint8_t c : b.copy_logits) wanted += c;
+    result.logits.resize(wanted * vocab);
+    const float* logits = slot(kLogits);
+    if (wanted == size_t(n_out)) {
+      check(cudaMemcpyAsync(result.logits.data(), logits, wanted * vocab * 4, cudaMemcpyDeviceToHost, stream.get()),
+            "cudaMemcpyAsync (logits)");
+    } else {
+      size_t k = 0;
+      for (int r = 0; r < n_out; ++r)
+        if (b.copy_logits[size_t(r)])
+          check(cudaMemcpyAsync(result.logits.data() + k++ * vocab, logits + size_t(r) * vocab, vocab * 4,
+                                cudaMemcpyDeviceToHost, stream.get()),
+                "cudaMemcpyAsync (logits)");
+    }
+    check(cudaStreamSynchronize(stream.get()), "forward");
+    ++step;
+  }
+
+  std::string launch_name(const Launch& l, const Geometry& geo) const {
+    if (l.kind == LaunchKind::DecodeMatmul && use_mma(l, rows_of(l, geo).second)) return l.name + "_mma";
+    return l.name;
+  }
+
+  void dump_output(int node_index, const Geometry& geo) {
+    const Node& node = graph.nodes[size_t(node_index)];
+    const bool head = node.op == Op::Output;
+    const int64_t rows = head ? geo.out_rows : geo.n, w = width(node.out);
+    std::vector<float> host(size_t(rows * w));
+    check(cudaMemcpyAsync(host.data(), slot(node.out), host.size() * 4, cudaMemcpyDeviceToHost, stream.get()),
+          "cudaMemcpy (dump)");
+    check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize");
+    dump_node(step, node_index, node.name, rows, w, host.data());
+  }
+
+  // First row and row count of a launch's rows.
+  std::pair<int, int> rows_of(const Launch& l, const Geometry& geo) const {
+    switch (l.rows) {
+      case Rows::All: return {0, geo.n};
+      case Rows::Decode: return {0, geo.decode};
+      case Rows::Prompt: return {geo.decode, geo.n - geo.decode};
+      case Rows::Output: return {0, geo.out_rows};
+    }
+    return {0, 0};
+  }
+
+  bool use_mma(const Launch& l, int rows) const {
+    if (rows < mma_min_rows()) return false;
+    for (int s = 0; s < l.n_segs; ++s)
+      if (!matmul_mma_supports(graph.nodes[size_t(l.seg_node[size_t(s)])].weight->type)) return false;
+    return true;
+  }
+
+  void execute(const Launch& l, const Geometry& geo, const Fusions& f) {
+    const Node& node = graph.nodes[size_t(std::max(l.node, 0))];
+    const auto [row0, count] = rows_of(l, geo);
+    if (count == 0) return;
+    cudaStream_t s = stream.get();
+    const int64_t w_out = l.out >= 0 ? width(l.out) : 0, w_in = l.in >= 0 ? width(l.in) : 0;
+    switch (l.kind) {
+      case LaunchKind::Embed:
+        launch_embed(weights.mat(node.weight), d_tokens(), slot(l.out), count, s);
+        return;
+      case LaunchKind::RmsNorm:
+        launch_rms_norm(slot(l.in), int(w_in), weights.vec(node.weight), slot(l.out), int(w_out), count, int(w_out),
+                        node.group, hp.rms_eps, l.writes_q8 ? q8.get() : nullptr, geo.decode, s);
+        return;
+      case LaunchKind::Quantize:
+        launch_quantize_pad40(slot(l.in), int(w_in), q8.get(), count, int(w_in), s);
+        return;
+      case LaunchKind::DecodeMatmul:
+        decode_matmul(l, geo, count, s);
+        return;
+      case LaunchKind::PromptMatmul:
+        prompt_matmul(l, geo, row0, count, f, s);
+        return;
+      case LaunchKind::Rope:
+        launch_rope(slot(l.out) + row0 * w_out, int(w_out), count, node.n_heads, rope(), d_positions() + row0, s);
+        return;
+      case LaunchKind::KvAppend:
+        launch_kv_append(slot(l.in) + row0 * w_in, slot(l.in2) + row0 * w_in, count, kv_layer(node.layer),
+                         d_slots() + row0, s);
+        return;
+      case LaunchKind::DecodeAttention:
+        decode_attention(l, node, row0, count, s);
+        return;
+      case LaunchKind::PromptAttention:
+        if (hp.head_dim == 64 || hp.head_dim == 128) {
+          PrefillAttention pa;
+          pa.q = slot(l.in);
+          pa.ldq = w_in;
+          pa.k_cache = kv_layer(node.layer).k;
+          pa.v_cache = kv_layer(node.layer).v;
+          pa.ld_kv = kv_width();
+          pa.out = slot(l.out);
+          pa.ldo = w_out;
+          pa.chunks = d_prefill_chunks();
+          pa.tiles = d_prefill_tiles();
+          pa.n_tiles = geo.n_tiles;
+          pa.tables = d_tables.get();
+          pa.block_size = block_size;
+          pa.n_head = node.n_heads;
+          pa.n_kv_head = hp.n_head_kv;
+          pa.head_dim = hp.head_dim;
+          pa.scale = 1.0f / std::sqrt(float(hp.head_dim));
+          launch_prefill_attention(pa, s);
+        } else {  // other head sizes: the split-K kernel, one query row at a time
+          decode_attention(l, node, row0, count, s);
+        }
+        return;
+      case LaunchKind::SwiGLU:
+        launch_swiglu(slot(l.in), slot(l.in2), slot(l.out), count, int(w_out), l.writes_q8 ? q8.get() : nullptr,
+                      geo.decode, s);
+        return;
+      case LaunchKind::Add:
+        launch_add(slot(l.in), slot(l.in2), slot(l.out), int64_t(count) * w_out, s);
+        return;
+      case LaunchKind::GatherOutputRows:
+        launch_gather_rows(slot(l.in), int(w_in), d_output_rows(), count, int(w_in), slot(l.out), s);
+        return;
+      case LaunchKind::Argmax:
+        launch_argmax_rows(slot(l.in), int(w_in), count, int(w_in), d_argmax(), s);
+        return;
+    }
+  }
+
+  void decode_attention(const Launch& l, const Node& node, int row0, int count, cudaStream_t s) {
+    const int64_t w = width(l.in);
+    AttnParams p;
+    p.q = slot(l.in) + row0 * w;
+    p.out = slot(l.out) + row0 * width(l.out);
+    p.kv = kv_layer(node.layer);
+    p.n_head = node.n_heads;
+    p.n_tokens = count;
+    p.positions = d_positions() + row0;
+    p.tables = d_tables.get();
+    p.table_offsets = d_table_offsets() + row0;
+    p.block_size = block_size;
+    p.n_splits = decode_splits;
+    p.part = attn_part.get();
+    launch_attention(p, s);
+  }
+
+  void decode_matmul(const Launch& l, const Geometry& geo, int count, cudaStream_t s) {
+    MatSeg segs[3];
+    for (int i = 0; i < l.n_segs; ++i) {
+      const Node& n = graph.nodes[size_t(l.seg_node[size_t(i)])];
+      const int out = l.n_segs == 1 ? l.out : n.out;
+      segs[i].w = weights.mat(n.weight);
+      segs[i].bias = weights.vec(n.bias);
+      segs[i].residual = l.residual >= 0 ? slot(l.residual) : nullptr;
+      segs[i].out = slot(out);
+      segs[i].ld_out = int(width(out));
+      segs[i].epi = Epilogue(int(l.epi[size_t(i)]));
+    }
+    MatVecExtra extra;
+    extra.rope = rope();
+    extra.positions = d_positions();
+    extra.slots = d_slots();
+    extra.kv = kv_layer(graph.nodes[size_t(l.node)].layer >= 0 ? graph.nodes[size_t(l.node)].layer : 0);
+    const int64_t w_in = width(l.in);
+    const int64_t stride = pad40_row_bytes(w_in);
+    if (use_mma(l, count))
+      launch_matmul_mma(segs, l.n_segs, q8.get(), stride, count, extra, s);
+    else
+      launch_matvec(segs, l.n_segs, q8.get(), stride, slot(l.in), int(w_in), count, extra, s);
+    (void)geo;
+  }
+
+  void prompt_matmul(const Launch& l, const Geometry& geo, int row0, int count, const Fusions& f, cudaStream_t s) {
+    const Node& n = graph.nodes[size_t(l.seg_node[0])];
+    const DevMat& m = weights.mat(n.weight);
+    const int64_t w_in = width(l.in), w_out = width(l.out);
+    const float* x = slot(l.in) + row0 * w_in;
+    float* y = slot(l.out) + row0 * w_out;
+    const float* residual = l.residual >= 0 ? slot(l.residual) + row0 * w_out : nullptr;
+    if (prefill_gemm_supports(m.type) && m.rows % 2 == 0 && w_out % 2 == 0 && w_in % 8 == 0 &&
+        m.cols % (type_traits(m.type).block_size == 256 ? 256 : 64) == 0) {
+      launch_prefill_activation_bf16(x, bf16.get(), int64_t(count) * w_in, s);
+      PrefillGemm g;
+      g.w_type = m.type;
+      g.w = m.data;
+      g.n = m.rows;
+      g.k = m.cols;
+      g.x = bf16.get();
+      g.ldx = w_in;
+      g.m = count;
+      g.y = y;
+      g.ldy = w_out;
+      g.bias = weights.vec(n.bias);
+      g.residual = residual;
+      g.m_plan = f.batch_invariant ? kGemmPlanTokens : 0;
+      g.sm_count = ctx.sm_count;
+      g.workspace = gemm_workspace.get();
+      g.workspace_bytes = gemm_workspace.bytes();
+      launch_prefill_gemm(g, s);
       return;
     }
-    Mark m{name, next_event(), next_event()};
-    check(cudaEventRecord(m.start, stream), "cudaEventRecord");
-    fn();
-    check(cudaEventRecord(m.stop, stream), "cudaEventRecord");
-    marks.push_back(m);
+    // Weight types without a GEMM: the decode matmul over the prompt rows (their own plane rows).
+    const int64_t stride = pad40_row_bytes(w_in);
+    uint8_t* plane = q8.get() + size_t(row0) * size_t(stride);
+    if (type_traits(m.type).quantized) launch_quantize_pad40(x, int(w_in), plane, count, int(w_in), s);
+    MatSeg seg;
+    seg.w = m;
+    seg.bias = weights.vec(n.bias);
+    seg.residual = residual;
+    seg.out = y;
+    seg.ld_out = int(w_out);
+    MatVecExtra extra;
+    extra.positions = d_positions() + row0;
+    extra.slots = d_slots() + row0;
+    launch_matvec(&seg, 1, plane, stride, x, int(w_in), count, extra, s);
+    (void)geo;
   }
-
-  void upload_weights(LoadStats& stats);
-  void reserve(int n_ctx_, int max_batch_, LoadStats& stats);
-  void run(const Batch& b, Mode mode);
-  void issue(int n, Mode mode, const Fusions& f, bool dump);
-  size_t issue_node(size_t i, int n, Mode mode, const Fusions& f);
-  size_t try_fused_qkv(size_t i, const Fusions& f);
-  size_t try_fused_ffn(size_t i, const Fusions& f);
-  const uint8_t* quantized(const float* x, int n, int dim, int ld, const Fusions& f);
-  void matmul(const Tensor* w, const Tensor* bias, const float* x, int ld_x, int n, float* out,
-              int ld_out, const float* residual, const Fusions& f);
-  bool slot_read_before_write(size_t from, int slot) const;
-  KvLayer kv_layer(int layer) const {
-    return {k_cache[size_t(layer)], v_cache[size_t(layer)], n_ctx, hp.n_head_kv, hp.head_dim};
-  }
-  RopeParams rope() const { return {inv_freq, hp.head_dim, hp.rope_type == RopeType::NeoX}; }
 };
 
-// ---- weights: mmap -> pinned staging -> device, several threads ------------------------------
-void CudaBackend::Impl::upload_weights(LoadStats& stats) {
-  std::vector<const Tensor*> tensors;
-  auto want = [&](const Tensor* t) {
-    if (t && !weights.count(t) && std::find(tensors.begin(), tensors.end(), t) == tensors.end())
-      tensors.push_back(t);
-  };
-  for (const Node& n : graph.nodes) {
-    want(n.weight);
-    want(n.bias);
-  }
-  int64_t total = 0;
-  std::vector<int64_t> offsets;
-  for (const Tensor* t : tensors) {
-    if (!cuda_supports_weight_type(t->type))
-      fail("tensor ", t->name, " has type ", type_traits(t->type).name,
-           ", which the CUDA backend does not support");
-    const int64_t cols = t->shape.empty() ? 1 : t->shape[0];
-    if (cols % type_traits(t->type).block_size != 0 || (cols % 8 != 0 && t->rows() > 1))
-      fail("tensor ", t->name, ": row length ", cols, " does not suit the CUDA kernels");
-    offsets.push_back(total);
-    total += align_up(int64_t(t->nbytes) + 16, 256);  // +16: kernels read one word past a run
-  }
-  void* p = nullptr;
-  check(cudaMalloc(&p, size_t(std::max<int64_t>(total, 256))), "cudaMalloc (weights)");
-  arena = static_cast<uint8_t*>(p);
-  allocations.push_back(p);
-  stats.weight_bytes = total;
+CudaBackend::CudaBackend(const Model& model, Fusions fusions, int device)
+    : impl_(std::make_unique<Impl>(model, fusions, device)) {}
 
-  struct Chunk {
-    const uint8_t* src;
-    uint8_t* dst;
-    size_t bytes;
-  };
-  constexpr size_t kChunk = size_t(16) << 20;
-  std::vector<Chunk> chunks;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor* t = tensors[i];
-    for (size_t off = 0; off < t->nbytes; off += kChunk)
-      chunks.push_back({t->data + off, arena + offsets[i] + off, std::min(kChunk, size_t(t->nbytes - off))});
-    DevMat m;
-    m.type = t->type;
-    m.cols = int(t->shape.empty() ? 1 : t->shape[0]);
-    m.rows = int(t->rows());
-    m.data = arena + offsets[i];
-    weights[t] = m;
-  }
+CudaBackend::~CudaBackend() = default;
 
-  const auto t0 = std::chrono::steady_clock::now();
-  const int n_threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 8u));
-  std::atomic<size_t> next{0};
-  std::atomic<int64_t> done{0};
-  std::atomic<bool> failed{false};
-  std::string error;
-  std::mutex error_mu;
-  const bool progress = total > (int64_t(256) << 20);
-  auto worker = [&] {
-    cudaStream_t s = nullptr;
-    void* staging[2] = {nullptr, nullptr};
-    cudaEvent_t free_again[2] = {nullptr, nullptr};
-    try {
-      check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
-      for (int b = 0; b < 2; ++b) {
-        check(cudaMallocHost(&staging[b], kChunk), "cudaMallocHost");
-        check(cudaEventCreateWithFlags(&free_again[b], cudaEventDisableTiming), "cudaEventCreate");
-      }
-      for (int b = 0;; b ^= 1) {
-        const size_t i = next.fetch_add(1);
-        if (i >= chunks.size() || failed) break;
-        check(cudaEventSynchronize(free_again[b]), "cudaEventSynchronize");
-        std::memcpy(staging[b], chunks[i].src, chunks[i].bytes);  // faults the mapping in
-        check(cudaMemcpyAsync(chunks[i].dst, staging[b], chunks[i].bytes, cudaMemcpyHostToDevice, s),
-              "cudaMemcpyAsync (weights)");
-        check(cudaEventRecord(free_again[b], s), "cudaEventRecord");
-        done += int64_t(chunks[i].bytes);
-      }
-      check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    } catch (const Error& e) {
-      std::lock_guard<std::mutex> lock(error_mu);
-      error = e.what();
-      failed = true;
-    }
-    for (int b = 0; b < 2; ++b) {
-      if (staging[b]) cudaFreeHost(staging[b]);
-      if (free_again[b]) cudaEventDestroy(free_again[b]);
-    }
-    if (s) cudaStreamDestroy(s);
-  };
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n_threads; ++i) threads.emplace_back(worker);
-  const auto bar = progress ? stderr_progress_bar(str_cat("loading ", total >> 20, " MiB of weights to the GPU"))
-                            : std::function<void(double)>();
-  if (bar) {
-    int64_t payload = 0;
-    for (const Tensor* t : tensors) payload += int64_t(t->nbytes);
-    while (done < payload && !failed) {
-      bar(double(done) / double(payload));
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
-  }
-  for (auto& t : threads) t.join();
-  if (failed) fail(error);
-  if (bar) bar(1.0);
-  stats.upload_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-
-  // rope: theta_j = pos * inv_freq[j]
-  std::vector<float> inv(size_t(hp.head_dim / 2));
-  for (int j = 0; j < hp.head_dim / 2; ++j) {
-    double f = std::pow(double(hp.rope_base), -2.0 * j / hp.head_dim) * hp.rope_freq_scale;
-    if (model.rope_freqs) f /= double(reinterpret_cast<const float*>(model.rope_freqs->data)[j]);
-    inv[size_t(j)] = float(f);
-  }
-  int64_t unused = 0;
-  inv_freq = device_alloc<float>(inv.size(), unused);
-  allocations.push_back(inv_freq);
-  check(cudaMemcpy(inv_freq, inv.data(), inv.size() * sizeof(float), cudaMemcpyHostToDevice),
-        "cudaMemcpy (rope)");
+int64_t CudaBackend::kv_block_bytes(int block_size) const {
+  return int64_t(impl_->hp.n_layer) * 2 * block_size * impl_->kv_width() * 2;
 }
-
-void CudaBackend::Impl::reserve(int n_ctx_, int max_batch_, LoadStats& stats) {
-  if (n_ctx_ <= 0 || max_batch_ <= 0)
-    fail("cuda backend: invalid sizes n_ctx=", n_ctx_, " max_batch=", max_batch_);
-  if (n_ctx) fail("cuda backend: reserve called twice");
-  n_ctx = n_ctx_;
-  max_batch = std::min(max_batch_, n_ctx_);
-  const int64_t kv_width = int64_t(hp.n_head_kv) * hp.head_dim;
-  const int64_t kv_bytes = int64_t(hp.n_layer) * 2 * n_ctx * kv_width * 2;
+int64_t CudaBackend::workspace_bytes(int max_tokens) const { return impl_->workspace_bytes(max_tokens); }
+int64_t CudaBackend::memory_available() const {
+  impl_->ctx.make_current();
   size_t free_bytes = 0, total_bytes = 0;
   check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
-  if (kv_bytes > int64_t(free_bytes))
-    fail("cuda backend: the KV cache for ", n_ctx, " positions needs ", kv_bytes / (1 << 20),
-         " MiB but only ", free_bytes / (1 << 20), " MiB of GPU memory are free (lower -c)");
-  for (int l = 0; l < hp.n_layer; ++l) {
-    k_cache.push_back(device_alloc<uint16_t>(size_t(n_ctx * kv_width), stats.kv_bytes));
-    v_cache.push_back(device_alloc<uint16_t>(size_t(n_ctx * kv_width), stats.kv_bytes));
-    allocations.push_back(k_cache.back());
-    allocations.push_back(v_cache.back());
-  }
-  int64_t max_width = 0;
-  for (int s = 0; s < kNumSlots; ++s) {
-    slots[s] = device_alloc<float>(size_t(max_batch * graph.slot_width[size_t(s)]), stats.workspace_bytes);
-    allocations.push_back(slots[s]);
-    max_width = std::max(max_width, graph.slot_width[size_t(s)]);
-  }
-  q8 = device_alloc<uint8_t>(size_t(max_batch * pad40_row_bytes(max_width)), stats.workspace_bytes);
-  bf16 = device_alloc<uint16_t>(size_t(max_batch * max_width), stats.workspace_bytes);
-  allocations.push_back(q8);
-  allocations.push_back(bf16);
-  decode_splits = std::max(1, (2 * n_sms + hp.n_head_kv - 1) / hp.n_head_kv);
-  decode_splits = std::min(decode_splits, std::max(1, n_ctx / 32));
-  attn_part = device_alloc<float>(
-      size_t(attention_workspace_floats(1, hp.n_head, hp.head_dim, decode_splits)), stats.workspace_bytes);
-  allocations.push_back(attn_part);
-  d_io = device_alloc<int32_t>(size_t(2 + max_batch), stats.workspace_bytes);
-  allocations.push_back(d_io);
-  check(cudaMallocHost(reinterpret_cast<void**>(&h_io), sizeof(int32_t) * size_t(2 + max_batch)),
-        "cudaMallocHost");
-  check(cudaMallocHost(reinterpret_cast<void**>(&h_logits), sizeof(float) * size_t(hp.n_vocab)),
-        "cudaMallocHost");
+  return int64_t(free_bytes);
 }
-
-bool CudaBackend::Impl::slot_read_before_write(size_t from, int slot) const {
-  for (size_t j = from; j < graph.nodes.size(); ++j) {
-    const Node& n = graph.nodes[j];
-    if (n.in[0] == slot || n.in[1] == slot || n.in[2] == slot) return true;
-    if (n.out == slot && n.op != Op::Rope) return false;
-  }
-  return false;
+void CudaBackend::reserve(int n_blocks, int block_size, int max_tokens) {
+  impl_->reserve(n_blocks, block_size, max_tokens);
 }
+int CudaBackend::max_tokens() const { return impl_->max_tokens; }
+void CudaBackend::copy_blocks(std::span<const BlockCopy> copies) { impl_->copy_blocks(copies); }
+void CudaBackend::forward(const StepBatch& batch, StepOutput& out) { impl_->forward(batch, out); }
+void CudaBackend::census_next_step() { impl_->census_next = true; }
+const std::vector<Launch>& CudaBackend::last_launches() const { return *impl_->launches; }
+const LoadStats& CudaBackend::load_stats() const { return impl_->stats; }
+const Fusions& CudaBackend::fusions() const { return impl_->fusions; }
 
-// The MmqCache: a pad40 plane is a pure function of (src, n, dim); a producer epilogue records
-// it, a matmul consults it, and any other node clears it. A hit re-checks that the plane still
-// lives where it was recorded.
-const uint8_t* CudaBackend::Impl::quantized(const float* x, int n, int dim, int ld, const Fusions& f) {
-  if (f.decode_a_fuse && mmq.src == x && mmq.n == n && mmq.dim == dim && mmq.q8 == q8) return q8;
-  launch("quantize_pad40", [&] { launch_quantize_pad40(x, ld, q8, n, dim, stream); });
-  if (f.decode_a_fuse) mmq = {x, n, dim, q8};
-  return q8;
-}
-
-void CudaBackend::Impl::matmul(const Tensor* w, const Tensor* bias, const float* x, int ld_x, int n,
-                               float* out, int ld_out, const float* residual, const Fusions& f) {
-  const DevMat& m = mat(w);
-  if (n > 1 && prefill_gemm_supports(m.type) && m.rows % 2 == 0 && ld_out % 2 == 0 &&
-      m.cols % (type_traits(m.type).block_size == 256 ? 256 : 64) == 0 && ld_x % 8 == 0) {
-    launch("prefill_activation_bf16",
-           [&] { launch_prefill_activation_bf16(x, bf16, int64_t(n) * ld_x, stream); });
-    PrefillGemm g;
-    g.w_type = m.type;
-    g.w = m.data;
-    g.n = m.rows;
-    g.k = m.cols;
-    g.x = bf16;
-    g.ldx = ld_x;
-    g.m = n;
-    g.y = out;
-    g.ldy = ld_out;
-    g.bias = f32(bias);
-    g.residual = residual;
-    launch("prefill_gemm", [&] { launch_prefill_gemm(g, stream); });
-    return;
-  }
-  const bool quant = type_traits(m.type).quantized;
-  const uint8_t* a = quant ? quantized(x, n, m.cols, ld_x, f) : nullptr;
-  MatSeg seg;
-  seg.w = m;
-  seg.bias = f32(bias);
-  seg.residual = residual;
-  seg.out = out;
-  seg.ld_out = ld_out;
-  launch("matvec", [&] {
-    launch_matvec(&seg, 1, a, pad40_row_bytes(m.cols), x, ld_x, n, MatVecExtra{}, stream);
-  });
-}
-
-size_t CudaBackend::Impl::try_fused_qkv(size_t i, const Fusions& f) {
-  const auto& N = graph.nodes;
-  if (!f.fused_qkv || i + 5 >= N.size()) return 0;
-  const Node &q = N[i], &k = N[i + 1], &v = N[i + 2], &rq = N[i + 3], &rk = N[i + 4], &at = N[i + 5];
-  if (q.op != Op::MatMul || k.op != Op::MatMul || v.op != Op::MatMul || rq.op != Op::Rope ||
-      rk.op != Op::Rope || at.op != Op::Attention)
-    return 0;
-  if (k.in[0] != q.in[0] || v.in[0] != q.in[0] || rq.out != q.out || rk.out != k.out ||
-      at.in[0] != q.out || at.in[1] != k.out || at.in[2] != v.out)
-    return 0;
-  const float* x = slots[q.in[0]];
-  const int dim = width(q.in[0]);
-  bool any_quant = false;
-  for (const Node* n : {&q, &k, &v}) any_quant |= type_traits(n->weight->type).quantized;
-  const uint8_t* a = any_quant ? quantized(x, 1, dim, dim, f) : nullptr;
-  MatSeg segs[3];
-  const Node* nodes[3] = {&q, &k, &v};
-  const Epilogue epi[3] = {Epilogue::RopeQ, Epilogue::RopeK, Epilogue::StoreV};
-  for (int s = 0; s < 3; ++s) {
-    segs[s].w = mat(nodes[s]->weight);
-    segs[s].bias = f32(nodes[s]->bias);
-    segs[s].out = slots[nodes[s]->out];
-    segs[s].ld_out = width(nodes[s]->out);
-    segs[s].epi = epi[s];
-  }
-  MatVecExtra extra;
-  extra.rope = rope();
-  extra.pos = d_pos();
-  extra.kv = kv_layer(at.layer);
-  launch("matvec_qkv_rope_kv", [&] {
-    launch_matvec(segs, 3, a, pad40_row_bytes(dim), x, dim, 1, extra, stream);
-  });
-  kv_written_layer = at.layer;
-  return 5;
-}
-
-size_t CudaBackend::Impl::try_fused_ffn(size_t i, const Fusions& f) {
-  const auto& N = graph.nodes;
-  if (!f.fused_ffn || i + 2 >= N.size()) return 0;
-  const Node &g = N[i], &u = N[i + 1], &sw = N[i + 2];
-  if (g.op != Op::MatMul || u.op != Op::MatMul || sw.op != Op::SwiGLU || u.in[0] != g.in[0] ||
-      sw.in[0] != g.out || sw.in[1] != u.out || g.bias || u.bias)
-    return 0;
-  const float* x = slots[g.in[0]];
-  const int dim = width(g.in[0]);
-  const bool any_quant =
-      type_traits(g.weight->type).quantized || type_traits(u.weight->type).quantized;
-  const uint8_t* a = any_quant ? quantized(x, 1, dim, dim, f) : nullptr;
-  MatSeg segs[2];
-  const Node* nodes[2] = {&g, &u};
-  for (int s = 0; s < 2; ++s) {
-    segs[s].w = mat(nodes[s]->weight);
-    segs[s].out = slots[nodes[s]->out];
-    segs[s].ld_out = width(nodes[s]->out);
-  }
-  launch("matvec_gate_up", [&] {
-    launch_matvec(segs, 2, a, pad40_row_bytes(dim), x, dim, 1, MatVecExtra{}, stream);
-  });
-  // the SwiGLU node as the unfused path runs it (the cache is cleared and re-recorded)
-  mmq.clear();
-  const int w = width(sw.out);
-  const bool fuse_q = f.decode_a_fuse && w % 32 == 0;
-  launch(fuse_q ? "swiglu_quant_pad40" : "swiglu", [&] {
-    launch_swiglu(slots[sw.in[0]], slots[sw.in[1]], slots[sw.out], 1, w, fuse_q ? q8 : nullptr, stream);
-  });
-  if (fuse_q) mmq = {slots[sw.out], 1, w, q8};
-  return 3;
-}
-
-size_t CudaBackend::Impl::issue_node(size_t i, int n, Mode mode, const Fusions& f) {
-  const Node& node = graph.nodes[i];
-  if (node.op != Op::MatMul && node.op != Op::Output) mmq.clear();  // both consume planes
-  const bool decode = n == 1;
-  if (decode && node.op == Op::MatMul) {
-    if (size_t used = try_fused_qkv(i, f)) return used;
-    if (size_t used = try_fused_ffn(i, f)) return used;
-  }
-  const int w = width(node.out);
-  float* out = slots[node.out];
-  const float* in0 = node.in[0] >= 0 ? slots[node.in[0]] : nullptr;
-  switch (node.op) {
-    case Op::Embed:
-      launch("embed", [&] { launch_embed(mat(node.weight), d_tokens(), out, n, stream); });
-      return 1;
-    case Op::RmsNorm: {
-      const bool fuse_q = decode && f.decode_a_fuse && node.group == 0 && w % 32 == 0;
-      const int in_w = width(node.in[0]);
-      launch(fuse_q ? "rms_norm_quant_pad40" : "rms_norm", [&] {
-        launch_rms_norm(in0, in_w, f32(node.weight), out, w, n, w, node.group, hp.rms_eps,
-                        fuse_q ? q8 : nullptr, stream);
-      });
-      if (fuse_q) mmq = {out, 1, w, q8};
-      return 1;
-    }
-    case Op::MatMul: {
-      const int in_w = width(node.in[0]);
-      // residual add folded into the epilogue: out' = residual + W x (+ bias)
-      if (f.fused_residual && i + 1 < graph.nodes.size()) {
-        const Node& add = graph.nodes[i + 1];
-        const int other = add.in[0] == node.out ? add.in[1] : (add.in[1] == node.out ? add.in[0] : -1);
-        if (add.op == Op::Add && other >= 0 && other != node.out && width(other) == w &&
-            !slot_read_before_write(i + 2, node.out)) {
-          matmul(node.weight, node.bias, in0, in_w, n, slots[add.out], w, slots[other], f);
-          mmq.clear();
-          return 2;
-        }
-      }
-      matmul(node.weight, node.bias, in0, in_w, n, out, w, nullptr, f);
-      return 1;
-    }
-    case Op::Rope:
-      launch("rope", [&] { launch_rope(out, w, n, node.n_heads, rope(), d_pos(), stream); });
-      return 1;
-    case Op::Attention: {
-      const KvLayer kv = kv_layer(node.layer);
-      if (kv_written_layer != node.layer) {
-        launch("kv_append", [&] {
-          launch_kv_append(slots[node.in[1]], slots[node.in[2]], n, kv, d_pos(), stream);
-        });
-      }
-      kv_written_layer = -1;
-      if (!decode && (hp.head_dim == 64 || hp.head_dim == 128)) {
-        PrefillAttention pa;
-        pa.q = slots[node.in[0]];
-        pa.ldq = width(node.in[0]);
-        pa.k_cache = kv.k;
-        pa.v_cache = kv.v;
-        pa.ld_kv = int64_t(hp.n_head_kv) * hp.head_dim;
-        pa.out = out;
-        pa.ldo = w;
-        pa.m = n;
-        pa.pos0 = h_io->pos;
-        pa.n_head = node.n_heads;
-        pa.n_kv_head = hp.n_head_kv;
-        pa.head_dim = hp.head_dim;
-        pa.scale = 1.0f / std::sqrt(float(hp.head_dim));
-        launch("prefill_attention", [&] { launch_prefill_attention(pa, stream); });
-        return 1;
-      }
-      AttnParams p;
-      p.q = slots[node.in[0]];
-      p.out = out;
-      p.kv = kv;
-      p.n_head = node.n_heads;
-      p.n_tokens = n;
-      p.pos = d_pos();
-      p.n_splits = decode ? decode_splits : 1;
-      p.part = attn_part;
-      if (!decode) fail("cuda backend: multi-token attention needs head_dim 64 or 128");
-      launch("attention_split_combine", [&] { launch_attention(p, stream); });
-      return 1;
-    }
-    case Op::SwiGLU: {
-      const bool fuse_q = decode && f.decode_a_fuse && w % 32 == 0;
-      launch(fuse_q ? "swiglu_quant_pad40" : "swiglu", [&] {
-        launch_swiglu(in0, slots[node.in[1]], out, n, w, fuse_q ? q8 : nullptr, stream);
-      });
-      if (fuse_q) mmq = {out, 1, w, q8};
-      return 1;
-    }
-    case Op::Add:
-      launch("add", [&] { launch_add(in0, slots[node.in[1]], out, int64_t(n) * w, stream); });
-      return 1;
-    case Op::Output: {
-      const int rows = mode == Mode::AllLogits ? n : 1;
-      const int in_w = width(node.in[0]);
-      matmul(node.weight, nullptr, in0 + int64_t(n - rows) * in_w, in_w, rows, out, w, nullptr, f);
-      if (mode == Mode::Greedy)
-        launch("argmax", [&] { launch_argmax(out, w, d_io + 1, stream); });
-      return 1;
-    }
-  }
-  return 1;
-}
-
-void CudaBackend::Impl::issue(int n, Mode mode, const Fusions& f, bool dump) {
-  mmq.clear();
-  kv_written_layer = -1;
-  for (size_t i = 0; i < graph.nodes.size();) {
-    const size_t used = issue_node(i, n, mode, f);
-    if (dump) {
-      const Node& node = graph.nodes[i];
-      const int64_t rows = node.op == Op::Output && mode != Mode::AllLogits ? 1 : n;
-      const int64_t w = width(node.out);
-      std::vector<float> host(size_t(rows * w));
-      check(cudaMemcpyAsync(host.data(), slots[node.out], host.size() * sizeof(float),
-                            cudaMemcpyDeviceToHost, stream), "cudaMemcpy (dump)");
-      check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-      dump_node(step, int(i), node.name, rows, w, host.data());
-    }
-    i += used;
-  }
-}
-
-void CudaBackend::Impl::run(const Batch& b, Mode mode) {
-  const int n = int(b.tokens.size());
-  if (!n_ctx) fail("cuda backend: forward before reserve");
-  if (n == 0 || n > max_batch) fail("cuda backend: batch of ", n, " tokens (allowed 1 .. ", max_batch, ")");
-  if (b.pos < 0 || int64_t(b.pos) + n > n_ctx)
-    fail("cuda backend: positions ", b.pos, " .. ", int64_t(b.pos) + n - 1,
-         " do not fit the KV cache of ", n_ctx, " positions");
-  for (int t = 0; t < n; ++t) {
-    if (b.tokens[size_t(t)] < 0 || b.tokens[size_t(t)] >= hp.n_vocab)
-      fail("cuda backend: token id ", b.tokens[size_t(t)], " outside the vocabulary of ", hp.n_vocab);
-    h_io->tokens[t] = b.tokens[size_t(t)];
-  }
-  h_io->pos = b.pos;
-  if (mode == Mode::AllLogits && n == 1) mode = Mode::LastLogits;
-  const bool dump = dump_enabled();
-  const Fusions f = dump ? Fusions::none() : fusions;
-  const size_t io_bytes = sizeof(int32_t) * size_t(2 + n);
-
-  auto record_step = [&] {
-    check(cudaMemcpyAsync(d_io, h_io, io_bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync (io)");
-    issue(n, mode, f, dump);
-    if (mode == Mode::Greedy)
-      check(cudaMemcpyAsync(&h_io->result, d_io + 1, sizeof(int32_t), cudaMemcpyDeviceToHost, stream),
-            "cudaMemcpyAsync (token)");
-    else if (mode == Mode::LastLogits)
-      check(cudaMemcpyAsync(h_logits, slots[kLogits], sizeof(float) * size_t(hp.n_vocab),
-                            cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync (logits)");
-  };
-
-  if (n == 1 && f.cuda_graph && !dump && !timing) {
-    cudaGraphExec_t& exec = graph_exec[int(mode)];
-    if (!exec) {
-      cudaGraph_t g = nullptr;
-      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-      try {
-        record_step();
-      } catch (...) {
-        cudaStreamEndCapture(stream, &g);
-        if (g) cudaGraphDestroy(g);
-        throw;
-      }
-      check(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
-      check(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
-      cudaGraphDestroy(g);
-    }
-    check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch");
-  } else {
-    record_step();
-  }
-  check(cudaStreamSynchronize(stream), "forward");
-  ++step;
-}
-
-}  // namespace cuda
-
-using cuda::CudaBackend;
-
-CudaBackend::CudaBackend(const Model& model, const Graph& graph, Fusions fusions)
-    : impl_(std::make_unique<Impl>(model, graph, fusions)), fusions_(fusions) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0)
-    fail("cuda backend: no CUDA device found (use --backend cpu)");
-  cudaDeviceProp prop{};
-  cuda::check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  impl_->n_sms = prop.multiProcessorCount;
-  cuda::check(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  impl_->upload_weights(stats_);
-}
-
-CudaBackend::~CudaBackend() {
-  Impl& m = *impl_;
-  if (m.stream) cudaStreamSynchronize(m.stream);
-  for (auto& e : m.graph_exec)
-    if (e) cudaGraphExecDestroy(e);
-  for (cudaEvent_t e : m.event_pool) cudaEventDestroy(e);
-  for (void* p : m.allocations) cudaFree(p);
-  if (m.h_io) cudaFreeHost(m.h_io);
-  if (m.h_logits) cudaFreeHost(m.h_logits);
-  if (m.stream) cudaStreamDestroy(m.stream);
-}
-
-void CudaBackend::reserve(int n_ctx, int max_batch) {
-  impl_->reserve(n_ctx, max_batch, stats_);
-  max_batch_ = impl_->max_batch;
-}
-
-void CudaBackend::forward(const Batch& batch, std::vector<float>& logits) {
-  const cuda::Mode mode = batch.all_logits ? cuda::Mode::AllLogits : cuda::Mode::LastLogits;
-  impl_->run(batch, mode);
-  const int vocab = impl_->hp.n_vocab;
-  const int rows = batch.all_logits ? int(batch.tokens.size()) : 1;
-  logits.resize(size_t(rows) * size_t(vocab));
-  if (rows == 1) {
-    std::memcpy(logits.data(), impl_->h_logits, sizeof(float) * size_t(vocab));
-  } else {
-    cuda::check(cudaMemcpy(logits.data(), impl_->slots[kLogits], logits.size() * sizeof(float),
-                           cudaMemcpyDeviceToHost), "cudaMemcpy (logits)");
-  }
-}
-
-int32_t CudaBackend::forward_greedy(const Batch& batch) {
-  impl_->run(batch, cuda::Mode::Greedy);
-  return impl_->h_io->result;
-}
-
-std::vector<cuda::KernelTime> CudaBackend::census(int32_t token, int pos) {
-  Impl& m = *impl_;
-  m.timing = true;
-  m.marks.clear();
-  m.events_used = 0;
-  const int32_t tok[1] = {token};
-  try {
-    m.run(Batch{std::span<const int32_t>(tok, 1), pos, false}, cuda::Mode::Greedy);
-  } catch (...) {
-    m.timing = false;
-    throw;
-  }
-  m.timing = false;
-  std::vector<cuda::KernelTime> out;
-  for (const auto& mark : m.marks) {
+std::vector<KernelTime> CudaBackend::census_result() const {
+  std::vector<KernelTime> out;
+  for (const auto& [name, events] : impl_->marks) {
     float ms = 0;
-    cuda::check(cudaEventElapsedTime(&ms, mark.start, mark.stop), "cudaEventElapsedTime");
-    auto it = std::find_if(out.begin(), out.end(), [&](auto& k) { return k.name == mark.name; });
-    if (it == out.end()) it = out.insert(out.end(), {mark.name, 0, 0.0});
+    check(cudaEventElapsedTime(&ms, events.first.get(), events.second.get()), "cudaEventElapsedTime");
+    auto it = std::find_if(out.begin(), out.end(), [&](const KernelTime& k) { return k.name == name; });
+    if (it == out.end()) it = out.insert(out.end(), KernelTime{name, 0, 0.0});
     it->launches += 1;
     it->microseconds += 1000.0 * ms;
   }
   return out;
 }
 
-double cuda::measure_copy_bandwidth() {
+double measure_copy_bandwidth() {
   const size_t bytes = size_t(1) << 30;
-  void *a = nullptr, *b = nullptr;
-  check(cudaMalloc(&a, bytes), "cudaMalloc");
-  check(cudaMalloc(&b, bytes), "cudaMalloc");
-  cudaMemset(a, 1, bytes);
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
+  DeviceArray<uint8_t> a(bytes), b(bytes);
+  check(cudaMemset(a.get(), 1, bytes), "cudaMemset");
+  Event e0, e1;
   std::vector<float> times;
   for (int r = 0; r < 8; ++r) {
-    cudaEventRecord(e0);
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
+    check(cudaEventRecord(e0.get()), "cudaEventRecord");
+    check(cudaMemcpy(b.get(), a.get(), bytes, cudaMemcpyDeviceToDevice), "cudaMemcpy");
+    check(cudaEventRecord(e1.get()), "cudaEventRecord");
+    check(cudaEventSynchronize(e1.get()), "cudaEventSynchronize");
     float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
+    check(cudaEventElapsedTime(&ms, e0.get(), e1.get()), "cudaEventElapsedTime");
     if (r >= 2) times.push_back(ms);
   }
   std::sort(times.begin(), times.end());
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(a);
-  cudaFree(b);
-  check(cudaGetLastError(), "copy bandwidth");
   return 2.0 * double(bytes) / (double(times[times.size() / 2]) * 1e-3);
 }
 
-std::string cuda::device_name() {
+std::string device_name() {
   cudaDeviceProp prop{};
   if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return "none";
   return prop.name;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(const Model& model, const Graph& graph) {
-  return std::make_unique<CudaBackend>(model, graph);
-}
+}  // namespace cuda
+
+std::unique_ptr<Backend> make_cuda_backend(const Model& model) { return std::make_unique<cuda::CudaBackend>(model); }
 
 bool cuda_available() {
   int count = 0;

@@ -1,6 +1,7 @@
-// The CUDA backend: the whole forward pass on one GPU. Decode steps (one token) run fused MMVQ
-// kernels captured once into a CUDA graph and replayed; prompts run the prefill GEMM and flash
-// attention (prefill.h). docs/07-cuda-backend.md describes the design.
+// The CUDA backend: the forward pass on one GPU for a step of many sequences. The lowering pass
+// (backend/plan.h) turns the graph into launches; decode-only steps are captured into a CUDA graph
+// per batch-size bucket and replayed; steps with prompt rows run their launches directly.
+// docs/07-cuda-backend.md and docs/10-batching.md describe the design.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -8,20 +9,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/plan.h"
 
 namespace minfer::cuda {
-
-// Each fusion can be switched off by an environment variable; switched off, the node-by-node path
-// runs and produces the same bits (tests/cuda proves it).
-struct Fusions {
-  bool decode_a_fuse = true;  // MINFER_NO_DECODE_A_FUSE: rms_norm/swiglu write the pad40 plane
-  bool cuda_graph = true;     // MINFER_NO_CUDA_GRAPH: launch the decode step node by node
-  bool fused_qkv = true;      // MINFER_NO_FUSED_QKV: q/k/v + bias + rope + KV write in one launch
-  bool fused_ffn = true;      // MINFER_NO_FUSED_FFN: gate and up in one launch
-  bool fused_residual = true; // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
-  static Fusions from_env();
-  static Fusions none();
-};
 
 struct KernelTime {
   std::string name;
@@ -36,28 +26,39 @@ struct LoadStats {
   int64_t workspace_bytes = 0;
 };
 
-class CudaBackend : public Backend {
+class CudaBackend final : public Backend {
  public:
-  CudaBackend(const Model& model, const Graph& graph, Fusions fusions = Fusions::from_env());
+  CudaBackend(const Model& model, Fusions fusions = Fusions::from_env(), int device = 0);
   ~CudaBackend() override;
-  std::string name() const override { return "cuda"; }
-  void reserve(int n_ctx, int max_batch) override;
-  int max_batch() const override { return max_batch_; }
-  void forward(const Batch& batch, std::vector<float>& logits) override;
-  int32_t forward_greedy(const Batch& batch) override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
 
-  // Runs one decode step (token at pos) launch by launch, timing each kernel with CUDA events.
-  std::vector<KernelTime> census(int32_t token, int pos);
-  const LoadStats& load_stats() const { return stats_; }
-  const Fusions& fusions() const { return fusions_; }
+  std::string name() const override { return "cuda"; }
+  int64_t kv_block_bytes(int block_size) const override;
+  int64_t workspace_bytes(int max_tokens) const override;
+  int64_t memory_available() const override;
+  void reserve(int n_blocks, int block_size, int max_tokens) override;
+  int max_tokens() const override;
+  void copy_blocks(std::span<const BlockCopy> copies) override;
+  void forward(const StepBatch& batch, StepOutput& out) override;
+
+  // The next forward runs launch by launch, timing each with CUDA events; census_result() then
+  // lists the launches by name.
+  void census_next_step();
+  std::vector<KernelTime> census_result() const;
+  // The launches of the last forward (tests look at the fusions the plan chose).
+  const std::vector<Launch>& last_launches() const;
+  const LoadStats& load_stats() const;
+  const Fusions& fusions() const;
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
-  Fusions fusions_;
-  int max_batch_ = 0;
-  LoadStats stats_;
 };
+
+// Decode matmuls of at least this many rows use the tensor-core kernel (both kernels give the same
+// bits; this is a speed choice, measured: docs/10-batching.md). MINFER_MMA_MIN_ROWS overrides it.
+int mma_min_rows();
 
 // Device-to-device copy rate in bytes per second (bytes read + bytes written), for rooflines.
 double measure_copy_bandwidth();

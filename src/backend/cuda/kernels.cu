@@ -2,6 +2,7 @@
 // matrix-vector kernel (MMVQ) with its fused epilogues, split-K decode attention and argmax.
 #include <algorithm>
 #include <cfloat>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/quant_device.cuh"
@@ -47,7 +48,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 // One block per normalised row (a token row, or one head when group > 0).
 __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                 float* __restrict__ out, int ld_out, int width, int group,
-                                float eps, uint8_t* __restrict__ q8) {
+                                float eps, uint8_t* __restrict__ q8, int q8_rows) {
   __shared__ float red[32];
   const int per_row = width / group;
   const int row = blockIdx.x / per_row, part = blockIdx.x % per_row;
@@ -58,7 +59,7 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
   ss = block_sum(ss, red);
   const float scale = rsqrtf(ss / float(group) + eps);
   for (int i = threadIdx.x; i < group; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
-  if (q8 == nullptr) return;
+  if (q8 == nullptr || row >= q8_rows) return;  // uniform over the block: no thread waits below
   // Epilogue: the whole row is written (barrier), each thread re-reads its blocks L1-hot.
   __syncthreads();
   uint8_t* qr = q8 + size_t(row) * pad40_row_bytes(width);
@@ -67,12 +68,12 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
 }
 
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
-                     int width, int group, float eps, uint8_t* q8, cudaStream_t s) {
+                     int width, int group, float eps, uint8_t* q8, int q8_rows, cudaStream_t s) {
   if (group <= 0) group = width;
   if (q8 && (group != width || width % 32 != 0)) fail("rms_norm: fused quantize needs whole rows");
   const int blocks = n_rows * (width / group);
   const int threads = group >= kNormThreads ? kNormThreads : ((group + 31) / 32) * 32;
-  rms_norm_kernel<<<blocks, threads, 0, s>>>(x, ld_x, w, out, ld_out, width, group, eps, q8);
+  rms_norm_kernel<<<blocks, threads, 0, s>>>(x, ld_x, w, out, ld_out, width, group, eps, q8, q8_rows);
   check_launch("rms_norm");
 }
 
@@ -80,12 +81,12 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
 // REQUIRES 256 threads: block (bx, row) writes elements [256 bx, 256 bx + 256) of its row = pad40
 // blocks 8 bx .. 8 bx + 7, which its first 8 threads quantize after the barrier.
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
-                              float* __restrict__ out, int width, uint8_t* __restrict__ q8) {
+                              float* __restrict__ out, int width, uint8_t* __restrict__ q8, int q8_rows) {
   const int row = blockIdx.y;
   const int i = blockIdx.x * 256 + threadIdx.x;
   float* yr = out + size_t(row) * width;
   if (i < width) yr[i] = silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]);
-  if (q8 == nullptr) return;
+  if (q8 == nullptr || row >= q8_rows) return;  // uniform over the block
   __syncthreads();
   const int b = blockIdx.x * 8 + threadIdx.x;
   if (threadIdx.x < 8 && b < width / 32)
@@ -93,9 +94,9 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   uint8_t* q8, cudaStream_t s) {
+                   uint8_t* q8, int q8_rows, cudaStream_t s) {
   if (q8 && width % 32 != 0) fail("swiglu: fused quantize needs width % 32 == 0");
-  swiglu_kernel<<<dim3((width + 255) / 256, n_rows), 256, 0, s>>>(gate, up, out, width, q8);
+  swiglu_kernel<<<dim3((width + 255) / 256, n_rows), 256, 0, s>>>(gate, up, out, width, q8, q8_rows);
   check_launch("swiglu");
 }
 
@@ -221,10 +222,26 @@ void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, c
   check_launch("dequantize_rows");
 }
 
-// ---- argmax ------------------------------------------------------------------------------------
-__global__ void argmax_kernel(const float* __restrict__ x, int n, int32_t* result) {
+// ---- gather / argmax -------------------------------------------------------------------------
+__global__ void gather_rows_kernel(const float* __restrict__ src, int ld, const int32_t* __restrict__ rows,
+                                   int width, float* __restrict__ dst) {
+  const float* from = src + size_t(rows[blockIdx.y]) * ld;
+  float* to = dst + size_t(blockIdx.y) * ld;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) to[i] = from[i];
+}
+
+void launch_gather_rows(const float* src, int ld, const int32_t* rows, int n_rows, int width, float* dst,
+                        cudaStream_t s) {
+  if (n_rows <= 0) return;
+  gather_rows_kernel<<<dim3((width + 255) / 256, n_rows), 256, 0, s>>>(src, ld, rows, width, dst);
+  check_launch("gather_rows");
+}
+
+// One block per row.
+__global__ void argmax_kernel(const float* __restrict__ x, int ld, int n, int32_t* result) {
   __shared__ float best_v[32];
   __shared__ int best_i[32];
+  x += size_t(blockIdx.x) * ld;
   float bv = -FLT_MAX;
   int bi = n;  // n sorts after every real index
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
@@ -247,29 +264,18 @@ __global__ void argmax_kernel(const float* __restrict__ x, int n, int32_t* resul
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
     }
-    if (lane == 0) *result = bi < n ? bi : 0;
+    if (lane == 0) result[blockIdx.x] = bi < n ? bi : 0;
   }
 }
 
-void launch_argmax(const float* x, int n, int32_t* result, cudaStream_t s) {
-  argmax_kernel<<<1, 1024, 0, s>>>(x, n, result);
+void launch_argmax_rows(const float* x, int ld, int n_rows, int width, int32_t* result, cudaStream_t s) {
+  if (n_rows <= 0) return;
+  argmax_kernel<<<n_rows, 1024, 0, s>>>(x, ld, width, result);
   check_launch("argmax");
 }
 
 // ---- rope / kv -------------------------------------------------------------------------------
-__device__ __forceinline__ void rope_pair_index(int p, int hd, bool neox, int& r0, int& r1, int& j) {
-  const int half = hd / 2, head = p / half;
-  j = p % half;
-  if (neox) {
-    r0 = head * hd + j;
-    r1 = r0 + half;
-  } else {
-    r0 = head * hd + 2 * j;
-    r1 = r0 + 1;
-  }
-}
-
-__global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const int* pos) {
+__global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const int32_t* positions) {
   const int t = blockIdx.y;
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= n_heads * rp.head_dim / 2) return;
@@ -277,43 +283,41 @@ __global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const 
   rope_pair_index(p, rp.head_dim, rp.neox, r0, r1, j);
   float* row = x + size_t(t) * ld;
   float a = row[r0], b = row[r1];
-  rope_rotate(a, b, *pos + t, rp.inv_freq[j]);
+  rope_rotate(a, b, positions[t], rp.inv_freq[j]);
   row[r0] = a;
   row[r1] = b;
 }
 
 void launch_rope(float* x, int ld, int n_tokens, int n_heads, const RopeParams& rp,
-                 const int* pos, cudaStream_t s) {
+                 const int32_t* positions, cudaStream_t s) {
+  if (n_tokens <= 0) return;
   const int pairs = n_heads * rp.head_dim / 2;
-  rope_kernel<<<dim3((pairs + 127) / 128, n_tokens), 128, 0, s>>>(x, ld, n_heads, rp, pos);
+  rope_kernel<<<dim3((pairs + 127) / 128, n_tokens), 128, 0, s>>>(x, ld, n_heads, rp, positions);
   check_launch("rope");
 }
 
-__device__ __forceinline__ size_t kv_index(const KvLayer& kv, int r, int position) {
-  return size_t(position) * kv.n_kv_heads * kv.head_dim + r;
-}
-
-__global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, const int* pos) {
+__global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, const int32_t* slots) {
   const int t = blockIdx.y;
   const int width = kv.n_kv_heads * kv.head_dim;
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
   if (r >= width) return;
-  const size_t at = kv_index(kv, r, *pos + t);
+  const size_t at = kv_index(kv, r, slots[t]);
   kv.k[at] = f2h(k[size_t(t) * width + r]);
   kv.v[at] = f2h(v[size_t(t) * width + r]);
 }
 
 void launch_kv_append(const float* k, const float* v, int n_tokens, const KvLayer& kv,
-                      const int* pos, cudaStream_t s) {
+                      const int32_t* slots, cudaStream_t s) {
+  if (n_tokens <= 0) return;
   const int width = kv.n_kv_heads * kv.head_dim;
-  kv_append_kernel<<<dim3((width + 127) / 128, n_tokens), 128, 0, s>>>(k, v, kv, pos);
+  kv_append_kernel<<<dim3((width + 127) / 128, n_tokens), 128, 0, s>>>(k, v, kv, slots);
   check_launch("kv_append");
 }
 
 // ---- matrix-vector: warp per row pair, lanes stride over the row's units ----------------------
 constexpr int kMvWarps = 4;  // warps (= row pairs) per block
 constexpr int kMaxSegs = 3;
-constexpr int kMaxTokens = 8;  // tokens per launch of the multi-token (prefill fallback) form
+constexpr int kMaxTokens = 8;  // tokens per launch of the multi-token form
 
 struct MatVecArgs {
   MatSeg seg[kMaxSegs];
@@ -329,27 +333,41 @@ struct MatVecArgs {
 
 template <typename Unit>
 __device__ __forceinline__ int units_per_row(int cols) {
-  return Unit::kPerBlock == 4 ? cols / 256 * 4 : cols / 32;
+  return std::is_same_v<Unit, UnitQK45<false>> || std::is_same_v<Unit, UnitQK45<true>> ||
+                 std::is_same_v<Unit, UnitQ6K>
+             ? cols / 256 * 4
+             : (cols / 32 + 1) / 2;
 }
 
-// Dot of rows r0 and r1 (when valid) with NT token rows; per row the units are summed in the
-// order u = lane, lane + 32, ..., then the shuffle tree: independent of which rows share a warp.
+// Rows r0 and r1 (when valid) against NT token rows in the canonical order: lane quad s sums the
+// groups of stream s (acc), one group per loop iteration; the caller reduces the streams.
 template <typename Unit, int NT>
 __device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, bool has_r1,
                                             const uint8_t* act, int64_t act_stride, int nt,
                                             float (&acc)[2][NT]) {
   const int n_units = units_per_row<Unit>(m.cols);
-  // unrolled so the next units' weight loads are in flight while this one's dots run
+  const int lane = threadIdx.x % 32;
+  // warp-uniform trip count: the group combine below shuffles across lanes
 #pragma unroll 2
-  for (int u = threadIdx.x % 32; u < n_units; u += 32) {
+  for (int base = 0; base < n_units; base += 32) {
+    const int u = base + lane;
+    const bool valid = u < n_units;
+    const bool group_valid = (u & ~3) < n_units;
     Unit w0, w1;
-    w0.load(m, r0, u);
-    if (has_r1) w1.load(m, r1, u);
+    if (valid) {
+      w0.load(m, r0, u);
+      if (has_r1) w1.load(m, r1, u);
+    }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      if (t < nt) {
-        acc[0][t] += w0.dot(act + t * act_stride, u);
-        if (has_r1) acc[1][t] += w1.dot(act + t * act_stride, u);
+      if (t >= nt) continue;
+      float v[2] = {w0.pair_terms(act + t * act_stride, u, valid), 0.0f};
+      if (has_r1) v[1] = w1.pair_terms(act + t * act_stride, u, valid && has_r1);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (!Unit::kLanePairsShareTerms) v[r] = __fadd_rn(v[r], __shfl_xor_sync(0xffffffffu, v[r], 1));
+        v[r] = __fadd_rn(v[r], __shfl_xor_sync(0xffffffffu, v[r], 2));
+        if (group_valid) acc[r][t] = __fadd_rn(acc[r][t], v[r]);
       }
     }
   }
@@ -385,7 +403,7 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
   const bool roped = seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK;
   int r0, r1, j = 0;
   if (roped) {
-    if (p >= m.rows / 2) return;
+    if (p >= m.rows / 2) return;  // uniform over the warp; the block has no barrier
     rope_pair_index(p, a.extra.rope.head_dim, a.extra.rope.neox, r0, r1, j);
   } else {
     r0 = 2 * p;
@@ -397,66 +415,34 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.0f;
   const int nt = a.n_tokens;
+  bool streams = true;  // acc holds the lane quad's stream (canonical order); else lane partials
   switch (m.type) {
     case GgmlType::Q4_K: pair_dot_q8<UnitQK45<false>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
     case GgmlType::Q5_K: pair_dot_q8<UnitQK45<true>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
     case GgmlType::Q6_K: pair_dot_q8<UnitQ6K, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q8_0: pair_dot_q8<Unit32<GgmlType::Q8_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q4_0: pair_dot_q8<Unit32<GgmlType::Q4_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q4_1: pair_dot_q8<Unit32<GgmlType::Q4_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q5_0: pair_dot_q8<Unit32<GgmlType::Q5_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q5_1: pair_dot_q8<Unit32<GgmlType::Q5_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::F32: pair_dot_f32<GgmlType::F32, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
-    case GgmlType::F16: pair_dot_f32<GgmlType::F16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
-    case GgmlType::BF16: pair_dot_f32<GgmlType::BF16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
+    case GgmlType::Q8_0: pair_dot_q8<Unit32Pair<GgmlType::Q8_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q4_0: pair_dot_q8<Unit32Pair<GgmlType::Q4_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q4_1: pair_dot_q8<Unit32Pair<GgmlType::Q4_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q5_0: pair_dot_q8<Unit32Pair<GgmlType::Q5_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q5_1: pair_dot_q8<Unit32Pair<GgmlType::Q5_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::F32: streams = false; pair_dot_f32<GgmlType::F32, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
+    case GgmlType::F16: streams = false; pair_dot_f32<GgmlType::F16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
+    case GgmlType::BF16: streams = false; pair_dot_f32<GgmlType::BF16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
     default: return;
   }
+  // Streams: the butterfly over the quad bits (16, 8, 4) is the canonical stream tree; lane
+  // partials: the full butterfly.
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
-    for (int o = 16; o > 0; o >>= 1) {
-      acc[0][t] += __shfl_xor_sync(0xffffffffu, acc[0][t], o);
-      acc[1][t] += __shfl_xor_sync(0xffffffffu, acc[1][t], o);
+    for (int o = 16; o >= (streams ? 4 : 1); o >>= 1) {
+      acc[0][t] = __fadd_rn(acc[0][t], __shfl_xor_sync(0xffffffffu, acc[0][t], o));
+      acc[1][t] = __fadd_rn(acc[1][t], __shfl_xor_sync(0xffffffffu, acc[1][t], o));
     }
   }
   const int lane = threadIdx.x % 32;
 #pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    if (t >= nt || lane != t) continue;
-    float v0 = acc[0][t], v1 = acc[1][t];
-    if (seg.bias) {
-      v0 += seg.bias[r0];
-      if (has_r1) v1 += seg.bias[r1];
-    }
-    const size_t o = size_t(t) * seg.ld_out;
-    if (seg.residual) {
-      v0 += seg.residual[o + r0];
-      if (has_r1) v1 += seg.residual[o + r1];
-    }
-    switch (seg.epi) {
-      case Epilogue::Store:
-        seg.out[o + r0] = v0;
-        if (has_r1) seg.out[o + r1] = v1;
-        break;
-      case Epilogue::RopeQ:
-        rope_rotate(v0, v1, *a.extra.pos + t, a.extra.rope.inv_freq[j]);
-        seg.out[o + r0] = v0;
-        seg.out[o + r1] = v1;
-        break;
-      case Epilogue::RopeK: {
-        rope_rotate(v0, v1, *a.extra.pos + t, a.extra.rope.inv_freq[j]);
-        const int position = *a.extra.pos + t;
-        a.extra.kv.k[kv_index(a.extra.kv, r0, position)] = f2h(v0);
-        a.extra.kv.k[kv_index(a.extra.kv, r1, position)] = f2h(v1);
-        break;
-      }
-      case Epilogue::StoreV: {
-        const int position = *a.extra.pos + t;
-        a.extra.kv.v[kv_index(a.extra.kv, r0, position)] = f2h(v0);
-        if (has_r1) a.extra.kv.v[kv_index(a.extra.kv, r1, position)] = f2h(v1);
-        break;
-      }
-    }
-  }
+  for (int t = 0; t < NT; ++t)
+    if (t < nt && lane == t) store_pair(seg, a.extra, t, r0, r1, j, has_r1, acc[0][t], acc[1][t]);
 }
 
 void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
@@ -483,7 +469,8 @@ void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_
     a.act_f32_stride = act_f32_stride;
     a.n_tokens = nt;
     a.extra = extra;
-    if (t0 > 0 && extra.pos) fail("matvec: fused rope/KV epilogues take one token per launch");
+    if (extra.positions) a.extra.positions += t0;
+    if (extra.slots) a.extra.slots += t0;
     if (nt == 1)
       matvec_kernel<1><<<blocks, kMvWarps * 32, 0, s>>>(a);
     else
@@ -524,7 +511,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % C, grp = lane / C;
   const int group = p.n_head / p.kv.n_kv_heads;
   const int qh0 = kvh * group + head0;  // first q head of this block
-  const int len = *p.pos + t + 1;
+  const int len = p.positions[t] + 1;
+  const int32_t* table = p.tables + p.table_offsets[t];
+  const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
   const int chunk = max((len + p.n_splits - 1) / p.n_splits, NW * PW);
   const int start = split * chunk, end = min(len, start + chunk);
   const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
@@ -551,8 +540,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
     for (int u = 0; u < U; ++u) {
       const int pos = base + u * LP + grp;
       if (pos < end) {
-        kr[u] = ld16(kbase + size_t(pos) * ld_kv);
-        vr[u] = ld16(vbase + size_t(pos) * ld_kv);
+        const size_t slot = size_t(table[pos >> block_shift]) * p.block_size + (pos & (p.block_size - 1));
+        kr[u] = ld16(kbase + slot * ld_kv);
+        vr[u] = ld16(vbase + slot * ld_kv);
       } else {
         kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
       }
@@ -729,7 +719,10 @@ static void launch_attention_hd(const AttnParams& p, cudaStream_t s) {
 }
 
 void launch_attention(const AttnParams& p, cudaStream_t s) {
+  if (p.n_tokens <= 0) return;
   if (p.n_head % p.kv.n_kv_heads != 0) fail("attention: n_head ", p.n_head, " % n_kv ", p.kv.n_kv_heads);
+  if (p.block_size <= 0 || (p.block_size & (p.block_size - 1)) != 0)
+    fail("attention: KV block size ", p.block_size, " is not a power of two");
   switch (p.kv.head_dim) {
     case 64: launch_attention_hd<64>(p, s); break;
     case 128: launch_attention_hd<128>(p, s); break;

@@ -9,6 +9,8 @@
 // standalone launch_prefill_activation_bf16 uses, so fused and standalone planes are bitwise equal.
 #pragma once
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include <cuda_runtime.h>
 
@@ -51,18 +53,22 @@ struct PrefillGemm {
   // Split-K: the K loop is cut into k_splits slices run by separate CTAs; each writes its f32
   // partial tile to the workspace and a second kernel sums the slices in slice order (then + bias,
   // then + residual), so results are deterministic run to run. 0: chosen from the grid size (1
-  // when MINFER_NO_GEMM_SPLITK is set to anything but "0": today's single-pass kernel, bit for
-  // bit); >= 1 forces that many slices (tests, bench; clamped to one 64-K step per slice).
+  // when MINFER_NO_GEMM_SPLITK is set to anything but "0": the single-pass kernel, bit for bit);
+  // >= 1 forces that many slices (tests, bench; clamped to one 64-K step per slice).
   int k_splits = 0;
-  // Split-K partials, k_splits * m * n floats. Null: a process-wide buffer of
-  // kPrefillGemmWorkspaceBytes per device, allocated on first use (so at most one split-K GEMM
-  // may be in flight per device at a time: pass your own buffer to run several concurrently).
+  // The token count the automatic choice plans for (0: m). The slice count changes each output's
+  // summation order, so the engine plans every GEMM of a weight for one fixed count: then a
+  // token's result does not depend on how many tokens share the launch.
+  int64_t m_plan = 0;
+  int sm_count = 0;  // of the device the GEMM runs on (0: asked from the current device)
+  // Split-K partials, k_splits * m * n floats (prefill_gemm_workspace_bytes); needed when the
+  // plan splits K.
   float* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
 
-// Size of the shared split-K workspace (64 MiB): the automatic choice lowers k_splits until the
-// partials fit (7B/14B layers at m = 512: one slice is m * n * 4 <= 14.7 MB, so >= 4 slices fit).
+// The workspace the automatic split-K choice may use at most (7B/14B layers at m = 512: one slice
+// is m * n * 4 <= 14.7 MB, so >= 4 slices fit).
 constexpr size_t kPrefillGemmWorkspaceBytes = size_t(64) << 20;
 
 // What launch_prefill_gemm(g) runs: the m-tile and the effective number of K slices (1: no
@@ -72,6 +78,8 @@ struct PrefillGemmPlan {
   int k_splits = 1;
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
+// Workspace bytes launch_prefill_gemm(g) needs (0 without split-K).
+size_t prefill_gemm_workspace_bytes(const PrefillGemm& g);
 
 // REQUIRES (checked, minfer::Error otherwise): prefill_gemm_supports(w_type); k % 256 == 0 for the
 // K types and k % 64 == 0 otherwise; n % 2 == 0; ldx >= k, ldx % 8 == 0; ldy >= n, ldy % 2 == 0;
@@ -81,31 +89,46 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
 // dequantized w, so |y - exact| <= 2^-8 * sum_k |x_k w_k| plus f32 accumulation error.
 void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream);
 
-// ---- causal flash attention over the f16 KV cache -----------------------------------------------
-// Query token i (0 <= i < m) sits at position pos0 + i and attends to cache positions
-// [0, pos0 + i]; the cache rows [pos0, pos0 + m) must already hold this chunk's K and V.
-// Cache layout (per layer): f16 row-major [n_ctx][ld_kv]; position p, kv head g, dimension d is
-// element p * ld_kv + g * head_dim + d. Query head h uses kv head h / (n_head / n_kv_head).
+// ---- causal flash attention over the paged f16 KV cache ------------------------------------------
+// Several sequences' prompt chunks in one launch. Chunk c holds step rows [row0, row0 + m) at
+// positions [pos0, pos0 + m) of its sequence; query i attends to the sequence's positions
+// [0, pos0 + i], whose K and V (this chunk's included) are already in the cache. Position p of a
+// sequence lives in slot table[p / block_size] * block_size + p % block_size of the layer's cache:
+// f16 rows of ld_kv elements, kv head g at columns [g * head_dim, (g + 1) * head_dim). Query head h
+// uses kv head h / (n_head / n_kv_head). Keys are visited in 64-position tiles from position 0,
+// so a query's result does not depend on how its prompt was cut into chunks.
+struct PrefillChunk {
+  int32_t row0, m, pos0, table_offset;  // table_offset: the chunk's block table in `tables`
+};
+struct PrefillTile {
+  int32_t chunk, q0;  // 64 queries of a chunk, from query q0
+};
+// The 64-query tiles of the chunks, longest causal range first (those CTAs start first).
+std::vector<PrefillTile> prefill_attention_tiles(std::span<const PrefillChunk> chunks);
+
 struct PrefillAttention {
-  const float* q = nullptr;  // [m][ldq]; head h at columns [h*head_dim, (h+1)*head_dim), roped
+  const float* q = nullptr;  // [rows][ldq]; head h at columns [h*head_dim, (h+1)*head_dim), roped
   int64_t ldq = 0;
-  const uint16_t* k_cache = nullptr;  // f16 bits
-  const uint16_t* v_cache = nullptr;  // f16 bits
+  const uint16_t* k_cache = nullptr;  // f16 bits, one layer
+  const uint16_t* v_cache = nullptr;
   int64_t ld_kv = 0;
-  float* out = nullptr;         // [m][ldo], same head layout as q
-  uint16_t* out_bf16 = nullptr; // optional: the o-projection's bf16 activation plane, [m][ldo]
+  float* out = nullptr;         // [rows][ldo], same head layout as q
+  uint16_t* out_bf16 = nullptr; // optional: the o-projection's bf16 activation plane, [rows][ldo]
   int64_t ldo = 0;
-  int m = 0;
-  int pos0 = 0;
+  const PrefillChunk* chunks = nullptr;  // device
+  const PrefillTile* tiles = nullptr;    // device
+  int n_tiles = 0;
+  const int32_t* tables = nullptr;       // device, block tables concatenated
+  int block_size = 0;                    // a power of two
   int n_head = 0;
   int n_kv_head = 0;
   int head_dim = 0;  // 64 or 128
   float scale = 0;   // softmax scale, usually 1/sqrt(head_dim)
 };
 
-// REQUIRES (checked): head_dim 64 or 128; n_head % n_kv_head == 0; m >= 1, pos0 >= 0;
+// REQUIRES (checked): head_dim 64 or 128; n_head % n_kv_head == 0; block_size a power of two;
 // ldq, ld_kv, ldo multiples of 8 (16-byte rows) and >= n_head*head_dim (ld_kv >= n_kv*head_dim);
-// pointers 16-byte aligned. Rows >= pos0 + m of the cache are never read.
+// pointers 16-byte aligned. Positions past a query tile's last query are never read.
 // Precision: q is rounded to f16 (after scaling), the probabilities to f16, accumulation in f32.
 void launch_prefill_attention(const PrefillAttention& a, cudaStream_t stream);
 

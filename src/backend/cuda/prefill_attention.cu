@@ -2,6 +2,7 @@
 // One CTA = 64 query tokens of one head, 4 warps of 16 queries each. K and V tiles of 64 cache
 // positions stream through a double-buffered cp.async pipeline; S = Q K^T stays in registers, is
 // turned into probabilities there and re-packed as the A operand of P V (no shared round trip).
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/prefill.h"
@@ -37,13 +38,17 @@ struct AttentionParams {
   float* out;
   uint16_t* out_bf16;
   int64_t ldo;
-  int m, pos0, group;  // group = n_head / n_kv_head
-  float scale_log2;    // softmax scale * log2(e): scores are kept in the exp2 domain
+  const PrefillChunk* chunks;
+  const PrefillTile* tiles;
+  const int32_t* tables;
+  int block_size;
+  int group;         // n_head / n_kv_head
+  float scale_log2;  // softmax scale * log2(e): scores are kept in the exp2 domain
 };
 
-// REQUIRES: blockDim.x == kThreads; gridDim = (n_head, ceil(m / kQueries)); dynamic shared memory
-// AttentionShape<kHeadDim>::kSmemBytes. blockIdx.y counts query tiles from the LAST one, so the
-// CTAs with the longest causal range start first.
+// REQUIRES: blockDim.x == kThreads; gridDim = (n_head, number of tiles); dynamic shared memory
+// AttentionShape<kHeadDim>::kSmemBytes. blockIdx.y is the tile (the host orders them longest
+// causal range first).
 template <int kHeadDim>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const AttentionParams p) {
   using Shape = AttentionShape<kHeadDim>;
@@ -56,9 +61,14 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int head = blockIdx.x, kv_head = head / p.group;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kQueries;
-  const int q_last = min(q0 + kQueries, p.m) - 1;
-  const int kv_end = p.pos0 + q_last + 1;  // positions this CTA may read: [0, kv_end)
+  const PrefillTile tile = p.tiles[blockIdx.y];
+  const PrefillChunk seq = p.chunks[tile.chunk];
+  const int q0 = tile.q0, m = seq.m, pos0 = seq.pos0;
+  const float* q_rows = p.q + int64_t(seq.row0) * p.ldq;
+  const int32_t* table = p.tables + seq.table_offset;
+  const int block_shift = __ffs(p.block_size) - 1;
+  const int q_last = min(q0 + kQueries, m) - 1;
+  const int kv_end = pos0 + q_last + 1;  // positions this CTA may read: [0, kv_end)
   const int steps = (kv_end + kKeys - 1) / kKeys;
 
   auto load_kv = [&](int step, int buffer) {
@@ -68,7 +78,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
       const int row = idx / kChunks, chunk = idx % kChunks;
       const int pos = step * kKeys + row;
       const bool valid = pos < kv_end;  // past it: zero-filled, never read
-      const int64_t offset = int64_t(valid ? pos : 0) * p.ld_kv + kv_head * kHeadDim + chunk * 8;
+      const int64_t slot = valid ? int64_t(table[pos >> block_shift]) * p.block_size + (pos & (p.block_size - 1)) : 0;
+      const int64_t offset = slot * p.ld_kv + kv_head * kHeadDim + chunk * 8;
       const uint32_t dst = buffer * Shape::kTileBytes + Tile::offset(row, chunk);
       cp_async16(k_smem + dst, p.k_cache + offset, valid);
       cp_async16(v_smem + dst, p.v_cache + offset, valid);
@@ -81,8 +92,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
   for (int idx = tid; idx < kQueries * kChunks; idx += kThreads) {
     const int row = idx / kChunks, chunk = idx % kChunks;
     float4 lo = make_float4(0, 0, 0, 0), hi = lo;
-    if (q0 + row < p.m) {
-      const float4* src = reinterpret_cast<const float4*>(p.q + int64_t(q0 + row) * p.ldq + head * kHeadDim + chunk * 8);
+    if (q0 + row < m) {
+      const float4* src = reinterpret_cast<const float4*>(q_rows + int64_t(q0 + row) * p.ldq + head * kHeadDim + chunk * 8);
       lo = src[0], hi = src[1];
     }
     const float s = p.scale_log2;
@@ -99,8 +110,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
   // This thread's two query rows (fragment rows lane/4 and lane/4 + 8) and their causal limits.
   int limit[2];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) limit[h] = p.pos0 + q0 + warp * 16 + (lane >> 2) + 8 * h;
-  const int cta_min_limit = p.pos0 + q0;
+  for (int h = 0; h < 2; ++h) limit[h] = pos0 + q0 + warp * 16 + (lane >> 2) + 8 * h;
+  const int cta_min_limit = pos0 + q0;
 
   float o[Shape::kDFrags][4];
 #pragma unroll
@@ -191,8 +202,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const float inv = 1.0f / sum;
-    const int row = q0 + warp * 16 + (lane >> 2) + 8 * h;
-    if (row >= p.m) continue;
+    const int query = q0 + warp * 16 + (lane >> 2) + 8 * h;
+    if (query >= m) continue;
+    const int64_t row = seq.row0 + query;
 #pragma unroll
     for (int j = 0; j < Shape::kDFrags; ++j) {
       const int col = head * kHeadDim + j * 8 + 2 * (lane & 3);
@@ -206,14 +218,16 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
 }
 
 template <int kHeadDim>
-void launch_head_dim(const AttentionParams& p, int n_head, cudaStream_t stream) {
+void launch_head_dim(const AttentionParams& p, int n_head, int n_tiles, cudaStream_t stream) {
   constexpr int smem = AttentionShape<kHeadDim>::kSmemBytes;
-  static const cudaError_t attr_status = cudaFuncSetAttribute(
+  // Per call, for the current device (the attribute is per device, and cheap to set).
+  const cudaError_t attr_status = cudaFuncSetAttribute(
       prefill_attention_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr_status != cudaSuccess)
     fail("prefill attention: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
-  const dim3 grid(n_head, (p.m + kQueries - 1) / kQueries);
-  prefill_attention_kernel<kHeadDim><<<grid, kThreads, smem, stream>>>(p);
+  prefill_attention_kernel<kHeadDim><<<dim3(n_head, n_tiles), kThreads, smem, stream>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail("CUDA kernel prefill attention: ", cudaGetErrorString(e));
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -225,23 +239,40 @@ void launch_prefill_attention(const PrefillAttention& a, cudaStream_t stream) {
     fail("prefill attention: head_dim ", a.head_dim, " is not supported (64 or 128)");
   if (a.n_head <= 0 || a.n_kv_head <= 0 || a.n_head % a.n_kv_head != 0)
     fail("prefill attention: n_head ", a.n_head, " is not a positive multiple of n_kv_head ", a.n_kv_head);
-  if (a.m <= 0 || a.pos0 < 0) fail("prefill attention: m = ", a.m, ", pos0 = ", a.pos0, " out of range");
+  if (a.n_tiles <= 0) return;
+  if (a.block_size <= 0 || (a.block_size & (a.block_size - 1)) != 0)
+    fail("prefill attention: KV block size ", a.block_size, " is not a power of two");
   const int64_t q_width = int64_t(a.n_head) * a.head_dim, kv_width = int64_t(a.n_kv_head) * a.head_dim;
   if (a.ldq < q_width || a.ldo < q_width || a.ld_kv < kv_width || a.ldq % 8 || a.ldo % 8 || a.ld_kv % 8)
     fail("prefill attention: strides ldq ", a.ldq, ", ldo ", a.ldo, ", ld_kv ", a.ld_kv,
          " must be multiples of 8 covering ", q_width, " (q/out) and ", kv_width, " (kv) elements");
-  if (!a.q || !a.k_cache || !a.v_cache || !a.out) fail("prefill attention: null q, cache or output pointer");
+  if (!a.q || !a.k_cache || !a.v_cache || !a.out || !a.chunks || !a.tiles || !a.tables)
+    fail("prefill attention: null q, cache, output, chunk, tile or table pointer");
   if (!aligned16(a.q) || !aligned16(a.k_cache) || !aligned16(a.v_cache) || !aligned16(a.out) ||
       !aligned16(a.out_bf16))
     fail("prefill attention: pointers must be 16-byte aligned");
 
   const AttentionParams p{a.q, a.ldq, reinterpret_cast<const __half*>(a.k_cache),
                           reinterpret_cast<const __half*>(a.v_cache), a.ld_kv, a.out, a.out_bf16, a.ldo,
-                          a.m, a.pos0, a.n_head / a.n_kv_head, a.scale * kLog2e};
+                          a.chunks, a.tiles, a.tables, a.block_size, a.n_head / a.n_kv_head, a.scale * kLog2e};
   if (a.head_dim == 64)
-    launch_head_dim<64>(p, a.n_head, stream);
+    launch_head_dim<64>(p, a.n_head, a.n_tiles, stream);
   else
-    launch_head_dim<128>(p, a.n_head, stream);
+    launch_head_dim<128>(p, a.n_head, a.n_tiles, stream);
+}
+
+std::vector<PrefillTile> prefill_attention_tiles(std::span<const PrefillChunk> chunks) {
+  std::vector<PrefillTile> tiles;
+  for (size_t c = 0; c < chunks.size(); ++c)
+    for (int q0 = 0; q0 < chunks[c].m; q0 += kQueries) tiles.push_back({int32_t(c), q0});
+  // Longest causal range (last key position) first.
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const PrefillTile& a, const PrefillTile& b) {
+    const auto end = [&](const PrefillTile& t) {
+      return chunks[size_t(t.chunk)].pos0 + std::min(t.q0 + kQueries, chunks[size_t(t.chunk)].m);
+    };
+    return end(a) > end(b);
+  });
+  return tiles;
 }
 
 }  // namespace minfer::cuda

@@ -8,8 +8,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <map>
-#include <mutex>
 
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
@@ -427,7 +425,8 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ partial, int spli
 template <GgmlType T, int kBM, bool kSplitK>
 void launch_typed(const GemmParams& p, int splits, cudaStream_t stream) {
   constexpr int smem = GemmShape<kBM>::kSmemBytes;
-  static const cudaError_t attr_status = cudaFuncSetAttribute(
+  // Per call, for the current device (the attribute is per device, and cheap to set).
+  const cudaError_t attr_status = cudaFuncSetAttribute(
       prefill_gemm_kernel<T, kBM, kSplitK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr_status != cudaSuccess)
     fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
@@ -444,14 +443,12 @@ void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t str
     split ? launch_typed<T, 64, true>(p, plan.k_splits, stream) : launch_typed<T, 64, false>(p, 1, stream);
 }
 
-int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, n = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-    return n > 0 ? n : 132;
-  }();
-  return count;
+int multiprocessor_count(const PrefillGemm& g) {
+  if (g.sm_count > 0) return g.sm_count;
+  int device = 0, n = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+  return n > 0 ? n : 132;
 }
 
 bool split_k_disabled() {
@@ -490,25 +487,6 @@ int choose_splits(int64_t m, int64_t n, int steps, int64_t tiles128, int sm_coun
   return best;
 }
 
-float* shared_workspace() {
-  static std::mutex mutex;
-  static std::map<int, float*> per_device;
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) fail("prefill GEMM: no current CUDA device");
-  const std::lock_guard<std::mutex> lock(mutex);
-  float*& buffer = per_device[device];
-  if (!buffer) {
-    const cudaError_t e = cudaMalloc(&buffer, kPrefillGemmWorkspaceBytes);
-    if (e != cudaSuccess) {
-      buffer = nullptr;
-      cudaGetLastError();
-      fail("prefill GEMM: cannot allocate the ", kPrefillGemmWorkspaceBytes >> 20,
-           " MiB split-K workspace: ", cudaGetErrorString(e));
-    }
-  }
-  return buffer;
-}
-
 bool is_k_type(GgmlType t) {
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
@@ -531,13 +509,14 @@ bool prefill_gemm_supports(GgmlType t) {
 }
 
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
-  const int sm_count = multiprocessor_count();
+  const int sm_count = multiprocessor_count(g);
   const int steps = std::max(1, int(g.k / kBK));
-  const int64_t tiles128 = ((g.m + 127) / 128) * ((g.n + kBN - 1) / kBN);
+  const int64_t m = g.m_plan > 0 ? g.m_plan : g.m;
+  const int64_t tiles128 = ((m + 127) / 128) * ((g.n + kBN - 1) / kBN);
   // Without split-K, 128-row m-tiles halve the weight dequantization per FLOP, and 64-row tiles
   // double the CTA count when 128 would leave the SMs (two CTAs each) less than two waves of work.
   const bool enough_tiles = tiles128 >= 4 * int64_t(sm_count);
-  const size_t workspace_bytes = g.workspace ? g.workspace_bytes : kPrefillGemmWorkspaceBytes;
+  const size_t workspace_bytes = kPrefillGemmWorkspaceBytes;
   const bool single_pass = g.k_splits == 1 || (g.k_splits == 0 && (enough_tiles || split_k_disabled()));
   PrefillGemmPlan plan;
   if (single_pass) {
@@ -546,7 +525,7 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   }
   // Small grid: split-K restores the CTA count, so the tiles can stay at 128 rows (half the
   // dequantization per FLOP; the cost model counts waves of two per SM) unless m fits in 64.
-  plan.k_splits = g.k_splits ? g.k_splits : choose_splits(g.m, g.n, steps, tiles128, sm_count, workspace_bytes);
+  plan.k_splits = g.k_splits ? g.k_splits : choose_splits(m, g.n, steps, tiles128, sm_count, workspace_bytes);
   // Equal slices of whole steps, none empty.
   const int slice = (steps + std::min(plan.k_splits, steps) - 1) / std::min(plan.k_splits, steps);
   plan.k_splits = (steps + slice - 1) / slice;
@@ -585,11 +564,10 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
                (steps + plan.k_splits - 1) / plan.k_splits, nullptr};
   if (plan.k_splits > 1) {
     const size_t need = size_t(plan.k_splits) * size_t(g.m) * size_t(g.n) * sizeof(float);
-    const size_t have = g.workspace ? g.workspace_bytes : kPrefillGemmWorkspaceBytes;
-    if (need > have)
+    if (!g.workspace || need > g.workspace_bytes)
       fail("prefill GEMM: ", plan.k_splits, " K slices of ", g.m, " x ", g.n, " need ", need,
-           " bytes of split-K workspace, more than the ", have, " available");
-    p.partial = g.workspace ? g.workspace : shared_workspace();
+           " bytes of split-K workspace, more than the ", g.workspace ? g.workspace_bytes : 0, " given");
+    p.partial = g.workspace;
   }
   switch (g.w_type) {
     case GgmlType::Q4_K: launch_for_type<GgmlType::Q4_K>(p, plan, stream); break;
@@ -607,12 +585,21 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
     splitk_reduce_kernel<<<unsigned((pairs + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
         p.partial, plan.k_splits, p.m, p.n, g.bias, g.residual, g.y, g.ldy);
   }
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail("CUDA kernel prefill GEMM (", type_name, "): ", cudaGetErrorString(e));
+}
+
+size_t prefill_gemm_workspace_bytes(const PrefillGemm& g) {
+  const PrefillGemmPlan plan = prefill_gemm_plan(g);
+  return plan.k_splits > 1 ? size_t(plan.k_splits) * size_t(g.m) * size_t(g.n) * sizeof(float) : 0;
 }
 
 void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   constexpr int kBlock = 256;
   activation_bf16_kernel<<<unsigned((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(src, dst, n);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) fail("CUDA kernel activation_bf16: ", cudaGetErrorString(e));
 }
 
 }  // namespace minfer::cuda

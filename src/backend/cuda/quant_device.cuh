@@ -85,11 +85,33 @@ __device__ __forceinline__ void rope_rotate(float& x0, float& x1, int pos, float
 
 __device__ __forceinline__ float silu_mul(float g, float u) { return (g / (1.0f + expf(-g))) * u; }
 
-// ---- dot-product units ------------------------------------------------------------------------
-// Each weight type splits a row into "units" of 16-32 payload bytes; a lane loads one unit of
-// weights once and dots it with NT token rows of activations. The per-row sum is over units in
-// a fixed order (lane-strided, then a fixed shuffle tree), so every launch shape that uses these
-// units gives the same bits for a row.
+// ---- the canonical order's terms ----------------------------------------------------------------
+// One term per 32-column sub-block of a weight row against one pad40 activation block. Every
+// operation rounds explicitly (no contraction), so the two decode matmul kernels and the CPU
+// reference in the tests (tests/cuda/canonical_matmul.h) produce the same bits.
+
+// q4_K / q5_K: d * sc and dmin * m of one sub-block (per row; shared by every token).
+__device__ __forceinline__ float qk_scale(float d, int sc) { return __fmul_rn(d, __int2float_rn(sc)); }
+// isum = sum of q * a over the sub-block, asum = the activation block's sum, da its scale.
+__device__ __forceinline__ float term_qk(float d_sc, float dmin_m, int isum, int asum, float da) {
+  return __fmul_rn(da, __fmaf_rn(d_sc, __int2float_rn(isum), -__fmul_rn(dmin_m, __int2float_rn(asum))));
+}
+// q6_K: scaled = sc_lo * isum_lo + sc_hi * isum_hi over the sub-block's two 16-element halves.
+__device__ __forceinline__ float term_q6k(float d, int scaled, float da) {
+  return __fmul_rn(__fmul_rn(d, da), __int2float_rn(scaled));
+}
+// q8_0: one block.
+__device__ __forceinline__ float term_q8_0(float d, int isum, float da) {
+  return __fmul_rn(__fmul_rn(d, da), __int2float_rn(isum));
+}
+
+// ---- dot-product units of the warp-per-row-pair kernel ------------------------------------------
+// A row is cut into units of 64 columns, four per 256-column group. Lane l of a warp takes units
+// l, l + 32, ...: lanes 4s..4s+3 hold the four units of one group, which they combine into the
+// group value (the canonical tree over its eight sub-block terms) with two shuffles; so lane quad
+// s sums the groups of stream s. pair_terms returns the lane's share of that tree and must be
+// called by all 32 lanes (q6_K exchanges integer sums with its neighbour); a lane whose unit lies
+// past the row passes valid = false and contributes 0.
 
 struct ActQ8 {  // one pad40 block
   const uint8_t* p;
@@ -113,7 +135,7 @@ __device__ __forceinline__ void k_scale_min(uint4 h, int j, int& sc, int& m) {
 // q4_K / q5_K: unit = (super-block, chunk c of 64 elements = sub-blocks 2c and 2c+1).
 template <bool Q5>
 struct UnitQK45 {
-  static constexpr int kPerBlock = 4;
+  static constexpr bool kLanePairsShareTerms = false;
   uint4 h, q0, q1, qh0, qh1;
   int c;
   __device__ void load(const DevMat& m, int row, int u) {
@@ -129,7 +151,9 @@ struct UnitQK45 {
       qh1 = ld16(b + 32);
     }
   }
-  __device__ float dot(const uint8_t* act, int u) const {
+  // T_{2c} + T_{2c+1}
+  __device__ float pair_terms(const uint8_t* act, int u, bool valid) const {
+    if (!valid) return 0.0f;
     const int sb = u >> 2;
     const ActQ8 a0{act + size_t(sb * 8 + 2 * c) * kPad40Bytes};
     const ActQ8 a1{act + size_t(sb * 8 + 2 * c + 1) * kPad40Bytes};
@@ -150,16 +174,18 @@ struct UnitQK45 {
     k_scale_min(h, 2 * c, sc0, m0);
     k_scale_min(h, 2 * c + 1, sc1, m1);
     const float d = h2f(uint16_t(h.x)), dmin = h2f(uint16_t(h.x >> 16));
-    const float da0 = a0.d(), da1 = a1.d();
-    return d * (float(sc0 * s0) * da0 + float(sc1 * s1) * da1) -
-           dmin * (float(m0 * a0.sum()) * da0 + float(m1 * a1.sum()) * da1);
+    const float t0 = term_qk(qk_scale(d, sc0), qk_scale(dmin, m0), s0, a0.sum(), a0.d());
+    const float t1 = term_qk(qk_scale(d, sc1), qk_scale(dmin, m1), s1, a1.sum(), a1.d());
+    return __fadd_rn(t0, t1);
   }
 };
 
 // q6_K (210-byte blocks: ql[128], qh[64], int8 scales[16], f16 d): unit = (super-block, half n,
-// 16-lane range lh): 64 elements n*128 + 32g + 16lh + i for g = 0..3, i = 0..15.
+// 16-lane range lh): elements n*128 + 32g + 16lh + i for g = 0..3, i = 0..15, i.e. one 16-element
+// half of sub-blocks 4n..4n+3. The lane pair (lh = 0, 1) adds its scaled integer sums, so both hold
+// the terms T_{4n..4n+3} and return (T_{4n} + T_{4n+1}) + (T_{4n+2} + T_{4n+3}).
 struct UnitQ6K {
-  static constexpr int kPerBlock = 4;
+  static constexpr bool kLanePairsShareTerms = true;
   uint32_t A[4], B[4], H[4], sc[2];
   float d;
   int n, lh;
@@ -174,82 +200,105 @@ struct UnitQ6K {
     ld_words_a2(b + 192 + 8 * n, sc);
     d = h2f(ld_u16(b + 208));
   }
-  __device__ float dot(const uint8_t* act, int u) const {
+  __device__ float pair_terms(const uint8_t* act, int u, bool valid) const {
     const int sb = u >> 2;
-    float total = 0.0f;
+    int scaled[4] = {0, 0, 0, 0};
+    if (valid) {
 #pragma unroll
-    for (int g = 0; g < 4; ++g) {
-      const ActQ8 act_g{act + size_t(sb * 8 + 4 * n + g) * kPad40Bytes};
-      int s = 0;
+      for (int g = 0; g < 4; ++g) {
+        const ActQ8 act_g{act + size_t(sb * 8 + 4 * n + g) * kPad40Bytes};
+        int s = 0;
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t lowsrc = (g & 1) ? B[k] : A[k];
-        const uint32_t low = (g < 2) ? (lowsrc & 0x0F0F0F0Fu) : ((lowsrc >> 4) & 0x0F0F0F0Fu);
-        const uint32_t q = low | (((H[k] >> (2 * g)) & 0x03030303u) << 4);
-        s = __dp4a(int(__vsub4(q, 0x20202020u)), act_g.w(4 * lh + k), s);
+        for (int k = 0; k < 4; ++k) {
+          const uint32_t lowsrc = (g & 1) ? B[k] : A[k];
+          const uint32_t low = (g < 2) ? (lowsrc & 0x0F0F0F0Fu) : ((lowsrc >> 4) & 0x0F0F0F0Fu);
+          const uint32_t q = low | (((H[k] >> (2 * g)) & 0x03030303u) << 4);
+          s = __dp4a(int(__vsub4(q, 0x20202020u)), act_g.w(4 * lh + k), s);
+        }
+        // scale byte 8n + 2g + lh: sc[0] holds bytes 8n..8n+3, sc[1] 8n+4..8n+7
+        const uint32_t word = (g < 2) ? sc[0] : sc[1];
+        scaled[g] = int(int8_t(word >> (8 * (2 * (g & 1) + lh)))) * s;
       }
-      // scale byte 8n + 2g + lh: sc[0] holds bytes 8n..8n+3, sc[1] 8n+4..8n+7
-      const uint32_t word = (g < 2) ? sc[0] : sc[1];
-      const int scale = int(int8_t(word >> (8 * (2 * (g & 1) + lh))));
-      total += float(scale * s) * act_g.d();
     }
-    return d * total;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) scaled[g] += __shfl_xor_sync(0xffffffffu, scaled[g], 1);
+    if (!valid) return 0.0f;
+    float t[4];
+#pragma unroll
+    for (int g = 0; g < 4; ++g)
+      t[g] = term_q6k(d, scaled[g], ActQ8{act + size_t(sb * 8 + 4 * n + g) * kPad40Bytes}.d());
+    return __fadd_rn(__fadd_rn(t[0], t[1]), __fadd_rn(t[2], t[3]));
   }
 };
 
-// 32-blocks ([f16 d][f16 m for _1][u32 qh for q5][qs]): unit = one block.
+// The 32-blocks ([f16 d][f16 m for _1][u32 qh for q5][qs]): unit = blocks 2u and 2u + 1 (either
+// may lie past the row: its term is 0).
 template <GgmlType T>
-struct Unit32 {
-  static constexpr int kPerBlock = 1;
+struct Unit32Pair {
+  static constexpr bool kLanePairsShareTerms = false;
   static constexpr bool kQ8 = T == GgmlType::Q8_0;
   static constexpr bool kQ5 = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
   static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
   static constexpr int kQsOffset = (kMin ? 4 : 2) + (kQ5 ? 4 : 0);
-  uint32_t q[kQ8 ? 8 : 4];
-  uint32_t qh;
-  float d, m;
+  struct Block {
+    uint32_t q[kQ8 ? 8 : 4];
+    uint32_t qh;
+    float d, m;
+  };
+  Block blk[2];
+  int n_valid;
   __device__ void load(const DevMat& mat, int row, int u) {
-    const uint8_t* b = mat.data + (size_t(row) * (mat.cols / 32) + u) * type_traits(T).type_size;
-    ld_words_a2(b + kQsOffset, q);
-    if (kQ5) {
-      uint32_t h[1];
-      ld_words_a2(b + (kMin ? 4 : 2), h);
-      qh = h[0];
+    const int nb = mat.cols / 32;
+    n_valid = min(2, nb - 2 * u);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (i >= n_valid) break;
+      const uint8_t* b = mat.data + (size_t(row) * nb + 2 * u + i) * type_traits(T).type_size;
+      ld_words_a2(b + kQsOffset, blk[i].q);
+      if (kQ5) {
+        uint32_t h[1];
+        ld_words_a2(b + (kMin ? 4 : 2), h);
+        blk[i].qh = h[0];
+      }
+      blk[i].d = h2f(ld_u16(b));
+      if (kMin) blk[i].m = h2f(ld_u16(b + 2));
     }
-    d = h2f(ld_u16(b));
-    if (kMin) m = h2f(ld_u16(b + 2));
   }
   __device__ static uint32_t spread4(uint32_t b) {  // 4 bits -> bit 4 of 4 bytes
     return ((b & 1) << 4) | ((b & 2) << 11) | ((b & 4) << 18) | ((b & 8) << 25);
   }
-  __device__ float dot(const uint8_t* act, int u) const {
-    const ActQ8 a{act + size_t(u) * kPad40Bytes};
+  __device__ static float term(const Block& w, const ActQ8& a) {
     int s = 0;
-    if (kQ8) {
+    if constexpr (kQ8) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) s = __dp4a(int(q[k]), a.w(k), s);
-      return d * a.d() * float(s);
+      for (int k = 0; k < 8; ++k) s = __dp4a(int(w.q[k]), a.w(k), s);
+      return term_q8_0(w.d, s, a.d());
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      uint32_t lo = q[k] & 0x0F0F0F0Fu, hi = (q[k] >> 4) & 0x0F0F0F0Fu;
+      uint32_t lo = w.q[k] & 0x0F0F0F0Fu, hi = (w.q[k] >> 4) & 0x0F0F0F0Fu;
       if (kQ5) {
-        lo |= spread4((qh >> (4 * k)) & 0xF);
-        hi |= spread4((qh >> (16 + 4 * k)) & 0xF);
+        lo |= spread4((w.qh >> (4 * k)) & 0xF);
+        hi |= spread4((w.qh >> (16 + 4 * k)) & 0xF);
       }
       s = __dp4a(int(lo), a.w(k), s);
       s = __dp4a(int(hi), a.w(4 + k), s);
     }
-    if (kMin) return d * a.d() * float(s) + m * a.d() * float(a.sum());
-    const int offset = kQ5 ? 16 : 8;
-    return d * a.d() * float(s - offset * a.sum());
+    const float dd = __fmul_rn(w.d, a.d());
+    if (kMin) return __fmaf_rn(dd, __int2float_rn(s), __fmul_rn(__fmul_rn(w.m, a.d()), __int2float_rn(a.sum())));
+    return __fmul_rn(dd, __int2float_rn(s - (kQ5 ? 16 : 8) * a.sum()));
+  }
+  __device__ float pair_terms(const uint8_t* act, int u, bool valid) const {
+    if (!valid) return 0.0f;
+    const float t0 = term(blk[0], ActQ8{act + size_t(2 * u) * kPad40Bytes});
+    const float t1 = n_valid > 1 ? term(blk[1], ActQ8{act + size_t(2 * u + 1) * kPad40Bytes}) : 0.0f;
+    return __fadd_rn(t0, t1);
   }
 };
 
-// Float weights against f32 activations: unit = 8 elements.
+// Float weights against f32 activations: unit = 8 elements (their own lane-strided order).
 template <GgmlType T>
 struct UnitFloat {
-  static constexpr int kPerBlock = 1;
   float w[8];
   int u;
   __device__ void load(const DevMat& m, int row, int unit) {
@@ -285,5 +334,64 @@ struct UnitFloat {
     return s;
   }
 };
+
+// The tree over the 8 streams: ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)).
+__device__ __forceinline__ float stream_tree(const float (&s)[8]) {
+  return __fadd_rn(__fadd_rn(__fadd_rn(s[0], s[4]), __fadd_rn(s[2], s[6])),
+                   __fadd_rn(__fadd_rn(s[1], s[5]), __fadd_rn(s[3], s[7])));
+}
+
+// ---- epilogue of the decode matmuls ---------------------------------------------------------------
+// Rope pair p of a row of heads: rows (r0, r1) and frequency index j.
+__device__ __forceinline__ void rope_pair_index(int p, int hd, bool neox, int& r0, int& r1, int& j) {
+  const int half = hd / 2, head = p / half;
+  j = p % half;
+  if (neox) {
+    r0 = head * hd + j;
+    r1 = r0 + half;
+  } else {
+    r0 = head * hd + 2 * j;
+    r1 = r0 + 1;
+  }
+}
+
+__device__ __forceinline__ size_t kv_index(const KvLayer& kv, int r, int slot) {
+  return size_t(slot) * kv.n_kv_heads * kv.head_dim + r;
+}
+
+// The segment epilogue of one output pair (r0, r1) of token t: bias, residual, then the store
+// (or rope, or KV cache write). v1 is ignored when !has_r1. Shared with the tensor-core kernel.
+__device__ __forceinline__ void store_pair(const MatSeg& seg, const MatVecExtra& extra, int t, int r0, int r1,
+                                           int rope_j, bool has_r1, float v0, float v1) {
+  if (seg.bias) {
+    v0 = __fadd_rn(v0, seg.bias[r0]);
+    if (has_r1) v1 = __fadd_rn(v1, seg.bias[r1]);
+  }
+  const size_t o = size_t(t) * seg.ld_out;
+  if (seg.residual) {
+    v0 = __fadd_rn(v0, seg.residual[o + r0]);
+    if (has_r1) v1 = __fadd_rn(v1, seg.residual[o + r1]);
+  }
+  switch (seg.epi) {
+    case Epilogue::Store:
+      seg.out[o + r0] = v0;
+      if (has_r1) seg.out[o + r1] = v1;
+      break;
+    case Epilogue::RopeQ:
+      rope_rotate(v0, v1, extra.positions[t], extra.rope.inv_freq[rope_j]);
+      seg.out[o + r0] = v0;
+      seg.out[o + r1] = v1;
+      break;
+    case Epilogue::RopeK:
+      rope_rotate(v0, v1, extra.positions[t], extra.rope.inv_freq[rope_j]);
+      extra.kv.k[kv_index(extra.kv, r0, extra.slots[t])] = f2h(v0);
+      extra.kv.k[kv_index(extra.kv, r1, extra.slots[t])] = f2h(v1);
+      break;
+    case Epilogue::StoreV:
+      extra.kv.v[kv_index(extra.kv, r0, extra.slots[t])] = f2h(v0);
+      if (has_r1) extra.kv.v[kv_index(extra.kv, r1, extra.slots[t])] = f2h(v1);
+      break;
+  }
+}
 
 }  // namespace minfer::cuda

@@ -1,0 +1,253 @@
+#include "backend/plan.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace minfer {
+namespace {
+
+bool env_set(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+
+class Lowering {
+ public:
+  Lowering(const Graph& g, const Fusions& f, StepShape s) : g_(g), f_(f), s_(s) {}
+
+  std::vector<Launch> run() {
+    for (size_t i = 0; i < g_.nodes.size();) i += lower_at(i);
+    return std::move(out_);
+  }
+
+ private:
+  const Node& node(size_t i) const { return g_.nodes[i]; }
+  int64_t width(int slot) const { return slot == kOutputRowsSlot ? g_.slot_width[kH] : g_.slot_width[size_t(slot)]; }
+  bool is(size_t i, Op op) const { return i < g_.nodes.size() && node(i).op == op; }
+
+  // Is `slot` read by a node from `from` on before a node overwrites it? (Rope rewrites in place.)
+  bool read_before_written(size_t from, int slot) const {
+    for (size_t j = from; j < g_.nodes.size(); ++j) {
+      const Node& n = node(j);
+      if (n.in[0] == slot || n.in[1] == slot || n.in[2] == slot) return true;
+      if (n.out == slot && n.op != Op::Rope) return false;
+    }
+    return false;
+  }
+  // The producer-fused A-quantize (MmqCache rule): the next node reading `slot` is a matmul.
+  bool feeds_decode_matmul(size_t from, int slot) const {
+    for (size_t j = from; j < g_.nodes.size(); ++j) {
+      const Node& n = node(j);
+      if (n.in[0] == slot || n.in[1] == slot || n.in[2] == slot) return n.op == Op::MatMul || n.op == Op::Output;
+    }
+    return false;
+  }
+
+  void emit(Launch l) {
+    const bool keeps_plane = l.kind == LaunchKind::DecodeMatmul || l.kind == LaunchKind::PromptMatmul;
+    if (!keeps_plane) q8_slot_ = -1;
+    if (l.writes_q8 || l.kind == LaunchKind::Quantize) q8_slot_ = l.kind == LaunchKind::Quantize ? l.in : l.out;
+    out_.push_back(std::move(l));
+  }
+  // A decode matmul over `rows` of slot `in`: quantized first unless its producer wrote the plane.
+  void decode_matmul(Launch l) {
+    if (q8_slot_ != l.in) {
+      Launch q{LaunchKind::Quantize, "quantize_pad40", l.rows, l.in};
+      q.node = l.node;
+      emit(std::move(q));
+    }
+    emit(std::move(l));
+  }
+  Launch matmul_launch(LaunchKind kind, const char* name, Rows rows, std::initializer_list<size_t> nodes) const {
+    Launch l{kind, name, rows};
+    l.in = node(*nodes.begin()).in[0];
+    l.node = int(*nodes.begin());
+    for (size_t n : nodes) {
+      l.seg_node[size_t(l.n_segs)] = int(n);
+      l.epi[size_t(l.n_segs)] = SegmentEpilogue::Store;
+      ++l.n_segs;
+    }
+    l.out = node(*nodes.begin()).out;
+    return l;
+  }
+  void prompt_matmuls(std::initializer_list<size_t> nodes, int completes) {
+    if (!s_.prompt) return;
+    for (size_t n : nodes) {
+      Launch l = matmul_launch(LaunchKind::PromptMatmul, "gemm", Rows::Prompt, {n});
+      if (int(n) == completes) l.completes_node = completes;
+      emit(std::move(l));
+    }
+  }
+
+  size_t lower_at(size_t i) {
+    const Node& n = node(i);
+    switch (n.op) {
+      case Op::Embed:
+        emit({LaunchKind::Embed, "embed", Rows::All, -1, -1, n.out, int(i), int(i)});
+        return 1;
+      case Op::RmsNorm: {
+        const bool to_head = is(i + 1, Op::Output) && node(i + 1).in[0] == n.out;
+        // The head of a decode-only step whose rows are all output reads this plane directly;
+        // every other decode matmul reads the decode rows.
+        const bool q8 = f_.decode_a_fuse && s_.decode && n.group == 0 && width(n.out) % 32 == 0 &&
+                        (to_head ? s_.output_is_all_rows : feeds_decode_matmul(i + 1, n.out));
+        Launch l{LaunchKind::RmsNorm, q8 ? "rms_norm_quant_pad40" : "rms_norm", Rows::All, n.in[0], -1, n.out,
+                 int(i), int(i)};
+        l.writes_q8 = q8;
+        emit(std::move(l));
+        return 1;
+      }
+      case Op::MatMul:
+        if (size_t used = qkv(i)) return used;
+        if (size_t used = gate_up(i)) return used;
+        return single_matmul(i);
+      case Op::Rope:
+        if (!rope_done_for_decode_) {
+          emit({LaunchKind::Rope, "rope", Rows::All, -1, -1, n.out, int(i), int(i)});
+        } else if (s_.prompt) {
+          emit({LaunchKind::Rope, "rope", Rows::Prompt, -1, -1, n.out, int(i), int(i)});
+        }
+        return 1;
+      case Op::Attention: {
+        const Rows kv_rows = rope_done_for_decode_ ? Rows::Prompt : Rows::All;
+        if (!rope_done_for_decode_ || s_.prompt)
+          emit({LaunchKind::KvAppend, "kv_append", kv_rows, n.in[1], n.in[2], -1, int(i)});
+        rope_done_for_decode_ = false;
+        if (s_.decode)
+          emit({LaunchKind::DecodeAttention, "attention_split_combine", Rows::Decode, n.in[0], -1, n.out, int(i),
+                s_.prompt ? -1 : int(i)});
+        if (s_.prompt)
+          emit({LaunchKind::PromptAttention, "prefill_attention", Rows::Prompt, n.in[0], -1, n.out, int(i), int(i)});
+        return 1;
+      }
+      case Op::SwiGLU:
+        swiglu(i);
+        return 1;
+      case Op::Add:
+        emit({LaunchKind::Add, "add", Rows::All, n.in[0], n.in[1], n.out, int(i), int(i)});
+        return 1;
+      case Op::Output: {
+        int in = n.in[0];
+        Rows rows = Rows::Decode;  // all rows of a decode-only step
+        if (!s_.output_is_all_rows) {
+          emit({LaunchKind::GatherOutputRows, "gather_output_rows", Rows::Output, in, -1, kOutputRowsSlot, int(i)});
+          in = kOutputRowsSlot;
+          rows = Rows::Output;
+        }
+        Launch l = matmul_launch(LaunchKind::DecodeMatmul, "matvec_output", rows, {i});
+        l.in = in;
+        decode_matmul(std::move(l));
+        emit({LaunchKind::Argmax, "argmax", rows, n.out, -1, -1, int(i), int(i)});
+        return 1;
+      }
+    }
+    return 1;
+  }
+
+  // q, k, v of one input in one decode launch; with rope and the KV write in its epilogue when
+  // rope_q, rope_k and attention follow directly (qwen3's q/k norms come between: Store only).
+  size_t qkv(size_t i) {
+    if (!f_.fused_qkv || !is(i + 1, Op::MatMul) || !is(i + 2, Op::MatMul)) return 0;
+    const Node &q = node(i), &k = node(i + 1), &v = node(i + 2);
+    if (k.in[0] != q.in[0] || v.in[0] != q.in[0]) return 0;
+    const bool roped = is(i + 3, Op::Rope) && is(i + 4, Op::Rope) && is(i + 5, Op::Attention) &&
+                       node(i + 3).out == q.out && node(i + 4).out == k.out && node(i + 5).in[0] == q.out &&
+                       node(i + 5).in[1] == k.out && node(i + 5).in[2] == v.out;
+    if (s_.decode) {
+      Launch l = matmul_launch(LaunchKind::DecodeMatmul, roped ? "matvec_qkv_rope_kv" : "matvec_qkv", Rows::Decode,
+                               {i, i + 1, i + 2});
+      if (roped) {
+        l.epi = {SegmentEpilogue::RopeQ, SegmentEpilogue::RopeK, SegmentEpilogue::StoreV};
+        l.node = int(i + 5);  // the attention node: its layer's cache
+        rope_done_for_decode_ = true;
+      }
+      decode_matmul(std::move(l));
+    }
+    prompt_matmuls({i, i + 1, i + 2}, -1);
+    return 3;
+  }
+
+  // gate and up in one decode launch, then the SwiGLU node.
+  size_t gate_up(size_t i) {
+    if (!f_.fused_ffn || !is(i + 1, Op::MatMul) || !is(i + 2, Op::SwiGLU)) return 0;
+    const Node &gate = node(i), &up = node(i + 1), &sw = node(i + 2);
+    if (up.in[0] != gate.in[0] || sw.in[0] != gate.out || sw.in[1] != up.out || gate.bias || up.bias) return 0;
+    if (s_.decode) decode_matmul(matmul_launch(LaunchKind::DecodeMatmul, "matvec_gate_up", Rows::Decode, {i, i + 1}));
+    prompt_matmuls({i, i + 1}, -1);
+    swiglu(i + 2);
+    return 3;
+  }
+
+  void swiglu(size_t i) {
+    const Node& n = node(i);
+    const bool q8 = f_.decode_a_fuse && s_.decode && width(n.out) % 32 == 0 && feeds_decode_matmul(i + 1, n.out);
+    Launch l{LaunchKind::SwiGLU, q8 ? "swiglu_quant_pad40" : "swiglu", Rows::All, n.in[0], n.in[1], n.out, int(i),
+             int(i)};
+    l.writes_q8 = q8;
+    emit(std::move(l));
+  }
+
+  // One matmul; with the following residual Add folded into its epilogue when allowed.
+  size_t single_matmul(size_t i) {
+    const Node& n = node(i);
+    int residual = -1, out = n.out;
+    size_t used = 1;
+    if (f_.fused_residual && is(i + 1, Op::Add)) {
+      const Node& add = node(i + 1);
+      const int other = add.in[0] == n.out ? add.in[1] : (add.in[1] == n.out ? add.in[0] : -1);
+      if (other >= 0 && other != n.out && width(other) == width(n.out) && !read_before_written(i + 2, n.out)) {
+        residual = other;
+        out = add.out;
+        used = 2;
+      }
+    }
+    const int completes = int(i + used - 1);
+    if (s_.decode) {
+      Launch l = matmul_launch(LaunchKind::DecodeMatmul, "matvec", Rows::Decode, {i});
+      l.residual = residual;
+      l.out = out;
+      l.completes_node = s_.prompt ? -1 : completes;
+      decode_matmul(std::move(l));
+    }
+    if (s_.prompt) {
+      Launch l = matmul_launch(LaunchKind::PromptMatmul, "gemm", Rows::Prompt, {i});
+      l.residual = residual;
+      l.out = out;
+      l.completes_node = completes;
+      emit(std::move(l));
+    }
+    return used;
+  }
+
+  const Graph& g_;
+  const Fusions& f_;
+  StepShape s_;
+  std::vector<Launch> out_;
+  int q8_slot_ = -1;                  // the slot whose decode (or output) rows the pad40 plane holds
+  bool rope_done_for_decode_ = false; // the fused qkv epilogue roped and cached the decode rows
+};
+
+}  // namespace
+
+Fusions Fusions::from_env() {
+  Fusions f;
+  f.decode_a_fuse = !env_set("MINFER_NO_DECODE_A_FUSE");
+  f.cuda_graph = !env_set("MINFER_NO_CUDA_GRAPH");
+  f.fused_qkv = !env_set("MINFER_NO_FUSED_QKV");
+  f.fused_ffn = !env_set("MINFER_NO_FUSED_FFN");
+  f.fused_residual = !env_set("MINFER_NO_FUSED_RESIDUAL");
+  f.batch_invariant = !env_set("MINFER_NONDETERMINISTIC");
+  return f;
+}
+
+Fusions Fusions::none() {
+  Fusions f;
+  f.decode_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.fused_residual = false;
+  return f;
+}
+
+std::vector<Launch> lower(const Graph& graph, const Fusions& fusions, StepShape shape) {
+  return Lowering(graph, fusions, shape).run();
+}
+
+}  // namespace minfer

@@ -1,0 +1,80 @@
+// The lowering pass: the forward graph, the fusion switches and the shape of a step become the
+// list of launches a GPU backend executes. Launch, CUDA-graph capture, the census, dumps and the
+// tests all read this one list; a fusion is a named rule here, each with its environment opt-out,
+// and switched off it restores the node-by-node launches bit for bit.
+//
+// Rows of a step: decode rows [0, D) (generated tokens: the decode matmul, split-K decode
+// attention), prompt rows [D, n) (the prompt GEMM, flash attention), output rows [0, n_out) of the
+// gathered output slot (the decode matmul for the head). Elementwise launches cover all rows.
+#pragma once
+#include <array>
+#include <string>
+#include <vector>
+
+#include "graph/graph.h"
+
+namespace minfer {
+
+struct Fusions {
+  bool decode_a_fuse = true;   // MINFER_NO_DECODE_A_FUSE: rms_norm/swiglu write the pad40 plane
+  bool cuda_graph = true;      // MINFER_NO_CUDA_GRAPH: launch decode steps one by one
+  bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch
+  bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
+  bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
+  // MINFER_NONDETERMINISTIC: plan the prompt GEMM's K split for each launch's own token count
+  // (otherwise for a fixed count, so a token's bits do not depend on the batch around it).
+  bool batch_invariant = true;
+  static Fusions from_env();
+  static Fusions none();  // everything off (dumps; the reference side of the opt-out tests)
+};
+
+enum class Rows : uint8_t { All, Decode, Prompt, Output };
+
+enum class LaunchKind : uint8_t {
+  Embed,            // token rows -> X
+  RmsNorm,          // in -> out (rows); writes_q8: also the pad40 plane of its decode/output rows
+  Quantize,         // the pad40 plane of `in`'s rows (its producer could not write it)
+  DecodeMatmul,     // the decode matmul over decode or output rows: 1-3 segments
+  PromptMatmul,     // the prompt GEMM over prompt rows: one segment
+  Rope,             // in place on `out` (rows)
+  KvAppend,         // K (in) and V (in2) rows into the cache of `layer`
+  DecodeAttention,  // decode rows: q (in) over the cache of `layer` -> out
+  PromptAttention,  // prompt rows: q (in) over the cache of `layer` -> out
+  SwiGLU,           // silu(in) * in2 -> out
+  Add,              // in + in2 -> out
+  GatherOutputRows, // rows of `in` wanted for output -> the output slot
+  Argmax,           // of each output row of `in`
+};
+
+enum class SegmentEpilogue : uint8_t { Store, RopeQ, RopeK, StoreV };
+
+constexpr int kOutputRowsSlot = kNumSlots;  // the gathered output rows (n_embd wide)
+constexpr int kNumPlanSlots = kNumSlots + 1;
+
+struct Launch {
+  LaunchKind kind;
+  std::string name;  // census label: the fusion rule or the op ("matvec_qkv_rope_kv", "rms_norm")
+  Rows rows = Rows::All;
+  int in = -1, in2 = -1, out = -1;
+  int node = -1;              // the graph node whose parameters (weights, group, heads) it uses
+  int completes_node = -1;    // after this launch, this node's output is complete (dumps)
+  // DecodeMatmul / PromptMatmul
+  int n_segs = 0;
+  std::array<int, 3> seg_node{{-1, -1, -1}};  // matmul nodes: weight, bias, output slot
+  std::array<SegmentEpilogue, 3> epi{};
+  int residual = -1;          // slot added in the epilogue; the result goes to `out` (the Add's)
+  // RmsNorm / SwiGLU
+  bool writes_q8 = false;
+};
+
+// Which kinds of rows a step has.
+struct StepShape {
+  bool decode = false;
+  bool prompt = false;
+  // The output rows are exactly all rows of a decode-only step: the head reads them in place.
+  bool output_is_all_rows = false;
+};
+
+std::vector<Launch> lower(const Graph& graph, const Fusions& fusions, StepShape shape);
+
+}  // namespace minfer

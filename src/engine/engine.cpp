@@ -1,0 +1,115 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace minfer {
+
+BackendKind parse_backend_kind(const std::string& s) {
+  if (s == "cpu") return BackendKind::Cpu;
+  if (s == "cuda") return BackendKind::Cuda;
+  if (s == "auto") return BackendKind::Auto;
+  fail("unknown backend '", s, "' (expected cpu, cuda or auto)");
+}
+
+namespace {
+
+std::unique_ptr<Backend> make_backend(const Model& model, const EngineOptions& o) {
+  const bool use_cuda = o.backend == BackendKind::Cuda || (o.backend == BackendKind::Auto && cuda_available());
+  return use_cuda ? make_cuda_backend(model) : make_cpu_backend(model, o.n_threads);
+}
+
+std::string mib(int64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
+
+}  // namespace
+
+int64_t Engine::memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens) {
+  return int64_t(n_blocks) * b.kv_block_bytes(block_size) + b.workspace_bytes(max_tokens);
+}
+
+Engine::Engine(const Model& model, const EngineOptions& o) : Engine(model, o, make_backend(model, o)) {}
+
+Engine::Engine(const Model& model, const EngineOptions& o, std::unique_ptr<Backend> backend)
+    : model_(model), backend_(std::move(backend)), kv_(o.n_blocks, o.block_size) {
+  if (o.max_tokens <= 0) fail("tokens per step ", o.max_tokens, " must be positive");
+  const int64_t need = memory_needed(*backend_, o.n_blocks, o.block_size, o.max_tokens);
+  const int64_t have = backend_->memory_available();
+  if (need > have)
+    fail("the KV cache (", o.n_blocks, " blocks of ", o.block_size, " positions, ",
+         mib(int64_t(o.n_blocks) * backend_->kv_block_bytes(o.block_size)), ") and buffers need ", mib(need),
+         " but only ", mib(have), " of ", backend_->name() == "cpu" ? "memory" : "GPU memory",
+         " are available; ", o.memory_hint);
+  backend_->reserve(o.n_blocks, o.block_size, o.max_tokens);
+  backend_name_ = backend_->name();
+}
+
+int Step::add(KvPool::Sequence& seq, std::span<const int32_t> tokens, bool decode, Output out, bool logits) {
+  const int n = int(tokens.size());
+  if (n == 0) fail("a step item needs at least one token");
+  if (decode && n != 1) fail("a decode item is exactly one token, not ", n);
+  for (const Item& it : items_)
+    if (it.seq == &seq) fail("a sequence can appear only once in a step");
+  if (n_tokens_ + n > engine_.max_tokens()) return -1;
+  std::vector<BlockCopy> copies;
+  if (!seq.reserve(n, copies)) return -1;
+  // A shared block the sequence will write was just replaced by a private one: fill it now, so
+  // the sequence is whole whether or not this step runs.
+  if (!copies.empty()) engine_.backend().copy_blocks(copies);
+  Item it{&seq, int(tokens_.size()), n, decode, out, logits};
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  n_tokens_ += n;
+  items_.push_back(it);
+  return int(items_.size()) - 1;
+}
+
+void Step::run() {
+  if (items_.empty()) fail("a step with no tokens");
+  batch_tokens_.clear();
+  output_rows_.clear();
+  copy_logits_.clear();
+  chunks_.clear();
+  // Rows: decode items first (the backend's order), then prompt items, each in the order added.
+  int row = 0, n_logit_rows = 0;
+  for (const bool decode_pass : {true, false}) {
+    for (Item& it : items_) {
+      if (it.decode != decode_pass) continue;
+      const std::span<const int32_t> toks(tokens_.data() + it.first_token, size_t(it.n_tokens));
+      batch_tokens_.insert(batch_tokens_.end(), toks.begin(), toks.end());
+      chunks_.push_back({row, it.n_tokens, it.seq->n_tokens(), it.seq->blocks(), it.decode});
+      const int first_out_row = it.out == Output::All ? row : row + it.n_tokens - 1;
+      it.first_output = int(output_rows_.size());
+      it.first_logits = n_logit_rows;
+      it.n_outputs = it.out == Output::None ? 0 : it.out == Output::All ? it.n_tokens : 1;
+      for (int r = 0; r < it.n_outputs; ++r) {
+        output_rows_.push_back(first_out_row + r);
+        copy_logits_.push_back(it.logits ? 1 : 0);
+      }
+      if (it.logits) n_logit_rows += it.n_outputs;
+      row += it.n_tokens;
+    }
+  }
+  engine_.backend().forward({batch_tokens_, chunks_, output_rows_, copy_logits_}, out_);
+  for (Item& it : items_) it.seq->advance(it.n_tokens);
+}
+
+void Step::clear() {
+  // Blocks reserved by items that never ran stay with their sequences; the next reserve uses them.
+  items_.clear();
+  tokens_.clear();
+  n_tokens_ = 0;
+}
+
+std::span<const int32_t> Step::argmax(int item) const {
+  const Item& it = items_.at(size_t(item));
+  return std::span<const int32_t>(out_.argmax).subspan(size_t(it.first_output), size_t(it.n_outputs));
+}
+
+std::span<const float> Step::logits(int item) const {
+  const Item& it = items_.at(size_t(item));
+  if (!it.logits) fail("step item ", item, " did not ask for logits");
+  const size_t v = size_t(engine_.model().hp.n_vocab);
+  return std::span<const float>(out_.logits).subspan(size_t(it.first_logits) * v, size_t(it.n_outputs) * v);
+}
+
+}  // namespace minfer

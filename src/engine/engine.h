@@ -1,0 +1,102 @@
+// The engine: one backend (weights, KV storage, buffers) and the KV pool that assigns its blocks
+// to sequences. A Step gathers tokens of many sequences, reserves their KV blocks, runs one
+// forward and advances the sequences. Session (one conversation) and Scheduler (many requests)
+// are built on it.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/kv_pool.h"
+
+namespace minfer {
+
+enum class BackendKind { Cpu, Cuda, Auto };
+BackendKind parse_backend_kind(const std::string& s);  // "cpu" | "cuda" | "auto"
+
+// KV positions per block when nobody chooses (docs/10-batching.md says how it was chosen).
+constexpr int kDefaultKvBlockSize = 64;
+
+struct EngineOptions {
+  BackendKind backend = BackendKind::Auto;
+  int n_threads = 0;         // CPU backend; 0 = all cores
+  int max_tokens = 512;      // tokens per forward step
+  int block_size = kDefaultKvBlockSize;
+  int n_blocks = 0;          // KV blocks in the pool
+  // What the user changes when the KV cache and buffers do not fit in memory, e.g. "lower -c".
+  std::string memory_hint = "lower the context size";
+};
+
+class Engine {
+ public:
+  // Checks that the KV blocks and buffers fit in the backend's memory first and throws
+  // minfer::Error with the numbers (needed, available) and opts.memory_hint when they do not.
+  Engine(const Model& model, const EngineOptions& opts);
+  // With a backend made by the caller (tests choose the CUDA backend's fusions); opts.backend and
+  // opts.n_threads are not used.
+  Engine(const Model& model, const EngineOptions& opts, std::unique_ptr<Backend> backend);
+  const Model& model() const { return model_; }
+  Backend& backend() { return *backend_; }
+  KvPool& kv() { return kv_; }
+  const std::string& backend_name() const { return backend_name_; }
+  int max_tokens() const { return backend_->max_tokens(); }
+
+  // Bytes a pool of n_blocks blocks plus buffers for max_tokens would take on this backend.
+  static int64_t memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens);
+
+ private:
+  const Model& model_;
+  std::unique_ptr<Backend> backend_;
+  KvPool kv_;
+  std::string backend_name_;
+};
+
+// One forward step under construction. Add work, then run it; afterwards each item's outputs are
+// readable until the next clear().
+class Step {
+ public:
+  enum class Output { None, Last, All };  // which of an item's rows produce an output
+  explicit Step(Engine& engine) : engine_(engine) {}
+
+  // Adds n = tokens.size() tokens at the sequence's next positions. decode: one generated token
+  // (the decode kernels); otherwise prompt tokens. logits: copy the output rows' logits back (else
+  // only their argmax). Returns the item's index, or -1 when the step has no room for n more
+  // tokens or the pool no room for their KV (then nothing changes).
+  int add(KvPool::Sequence& seq, std::span<const int32_t> tokens, bool decode, Output out, bool logits);
+  int n_tokens() const { return n_tokens_; }
+  int n_items() const { return int(items_.size()); }
+  bool empty() const { return items_.empty(); }
+  // Runs the forward and advances every sequence.
+  void run();
+  void clear();
+
+  // After run(): argmax of the item's output rows, and their logits (n_vocab each) if requested.
+  std::span<const int32_t> argmax(int item) const;
+  std::span<const float> logits(int item) const;
+
+ private:
+  struct Item {
+    KvPool::Sequence* seq;
+    int first_token;  // in tokens_
+    int n_tokens;
+    bool decode;
+    Output out;
+    bool logits;
+    int first_output = 0, n_outputs = 0;  // in out_.argmax
+    int first_logits = 0;                 // in out_.logits, rows
+  };
+  Engine& engine_;
+  std::vector<Item> items_;
+  std::vector<int32_t> tokens_;
+  int n_tokens_ = 0;
+  StepOutput out_;
+  // assembled by run()
+  std::vector<int32_t> batch_tokens_, output_rows_;
+  std::vector<uint8_t> copy_logits_;
+  std::vector<SeqChunk> chunks_;
+};
+
+}  // namespace minfer

@@ -1,0 +1,72 @@
+// Paged KV cache bookkeeping: a pool of fixed-size blocks of positions with reference counts, and
+// per-sequence block tables. Sequences share a prefix by holding the same blocks; the first write
+// into a shared block copies it (copy-on-write). Running out of blocks is an ordinary outcome
+// (`reserve` returns false and changes nothing): the caller waits, preempts or refuses.
+// The KV bytes themselves live in the backend; this class only decides which block is whose.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace minfer {
+
+class KvPool {
+ public:
+  KvPool(int n_blocks, int block_size);
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  int n_blocks() const { return int(ref_.size()); }
+  int block_size() const { return block_size_; }
+  int n_free() const { return int(free_.size()); }
+  int n_used() const { return n_blocks() - n_free(); }
+  int ref_count(int32_t block) const { return ref_[size_t(block)]; }
+
+  // A sequence's KV: the blocks holding its positions [0, n_tokens). Move-only; it gives its
+  // blocks back when destroyed, so it must not outlive its pool.
+  class Sequence {
+   public:
+    Sequence() = default;
+    explicit Sequence(KvPool& pool) : pool_(&pool) {}
+    Sequence(Sequence&& o) noexcept { *this = std::move(o); }
+    Sequence& operator=(Sequence&& o) noexcept;
+    Sequence(const Sequence&) = delete;
+    Sequence& operator=(const Sequence&) = delete;
+    ~Sequence() { release(); }
+
+    int n_tokens() const { return n_tokens_; }
+    std::span<const int32_t> blocks() const { return blocks_; }
+    // Blocks `reserve(n_new)` would take from the pool (new blocks plus a copy-on-write).
+    int blocks_needed(int n_new) const;
+    // Makes room for positions [n_tokens, n_tokens + n_new): allocates blocks and, when the block
+    // that position n_tokens falls in is shared, gives this sequence a private copy (appended to
+    // `copies` for the backend to execute before the step). Returns false, changing nothing, when
+    // the pool has too few free blocks.
+    bool reserve(int n_new, std::vector<BlockCopy>& copies);
+    // The reserved positions now hold KV (called after the step that wrote them).
+    void advance(int n) { n_tokens_ += n; }
+    // A new sequence sharing this one's first n positions (blocks retained, nothing copied).
+    Sequence fork(int n) const;
+    // Keeps positions [0, n); blocks past them go back to the pool (or to their other owners).
+    void truncate(int n);
+    void release() { truncate(0); }
+
+   private:
+    KvPool* pool_ = nullptr;
+    std::vector<int32_t> blocks_;
+    int n_tokens_ = 0;
+  };
+
+ private:
+  int32_t allocate();
+  void retain(int32_t block) { ++ref_[size_t(block)]; }
+  void unref(int32_t block);
+
+  int block_size_;
+  std::vector<int> ref_;
+  std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+};
+
+}  // namespace minfer

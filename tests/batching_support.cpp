@@ -1,0 +1,75 @@
+#include "batching_support.h"
+
+#include <random>
+
+#include "engine/scheduler.h"
+#include "engine/session.h"
+#include "sampling/sampler.h"
+#include "support.h"
+
+namespace minfer::test {
+
+std::vector<std::vector<int32_t>> random_prompts(int n, int min_len, int max_len, int n_vocab, uint64_t salt) {
+  std::mt19937_64 rng(seed() + salt);
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(n));
+  for (auto& p : prompts) {
+    p.resize(size_t(min_len + int(rng() % uint64_t(max_len - min_len + 1))));
+    for (auto& t : p) t = int32_t(rng() % uint64_t(n_vocab));
+  }
+  return prompts;
+}
+
+std::vector<GreedyStream> greedy_alone(const Model& model, const BackendFactory& backend,
+                                       const std::vector<std::vector<int32_t>>& prompts, int n_gen) {
+  std::vector<GreedyStream> out;
+  for (const auto& prompt : prompts) {
+    SessionOptions o;
+    o.n_ctx = int(prompt.size()) + n_gen + 1;
+    Session s(model, o, backend(model));
+    GreedyStream g;
+    const std::span<const float> logits = s.eval(prompt);
+    g.first_logits.assign(logits.begin(), logits.end());
+    int32_t next = argmax(logits);
+    for (int i = 0; i < n_gen; ++i) {
+      g.tokens.push_back(next);
+      if (i + 1 < n_gen) next = s.decode_greedy(next);
+    }
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+std::vector<GreedyStream> greedy_together(const Model& model, const BackendFactory& backend,
+                                          const std::vector<std::vector<int32_t>>& prompts, int n_gen,
+                                          int max_seqs, int step_tokens) {
+  size_t longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, p.size());
+  EngineOptions eo;
+  eo.max_tokens = step_tokens;
+  eo.block_size = 16;
+  eo.n_blocks = max_seqs * int((longest + size_t(n_gen) + 16) / 16 + 1);
+  Engine engine(model, eo, backend(model));
+  SchedulerOptions so;
+  so.max_seqs = max_seqs;
+  Scheduler scheduler(engine, so);
+  std::vector<GreedyStream> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.prompt = prompts[i];
+    r.max_tokens = n_gen;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.want_logits = true;
+    GreedyStream& g = out[i];
+    r.on_token = [&g](int32_t token, std::span<const float> logits) {
+      if (g.tokens.empty()) g.first_logits.assign(logits.begin(), logits.end());
+      g.tokens.push_back(token);
+      return true;
+    };
+    scheduler.submit(std::move(r));
+  }
+  while (scheduler.has_work()) scheduler.step();
+  return out;
+}
+
+}  // namespace minfer::test

@@ -1,0 +1,30 @@
+// Runs prompts alone and together on one kind of backend, for the batch-invariance tests (CPU and
+// GPU share them): a sequence's greedy tokens and logits must not depend on the batch around it
+// or on how its prompt was cut into chunks.
+#pragma once
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace minfer::test {
+
+using BackendFactory = std::function<std::unique_ptr<Backend>(const Model&)>;
+
+struct GreedyStream {
+  std::vector<int32_t> tokens;      // generated, greedy
+  std::vector<float> first_logits;  // the logits the first token was picked from
+};
+
+// Each prompt in a session of its own: the prompt in one step, then one decode step per token.
+std::vector<GreedyStream> greedy_alone(const Model& model, const BackendFactory& backend,
+                                       const std::vector<std::vector<int32_t>>& prompts, int n_gen);
+// All prompts through the scheduler: up to max_seqs at a time, step_tokens per step (so prompts
+// are cut into chunks and share steps with other sequences' decode tokens).
+std::vector<GreedyStream> greedy_together(const Model& model, const BackendFactory& backend,
+                                          const std::vector<std::vector<int32_t>>& prompts, int n_gen,
+                                          int max_seqs, int step_tokens);
+std::vector<std::vector<int32_t>> random_prompts(int n, int min_len, int max_len, int n_vocab, uint64_t salt);
+
+}  // namespace minfer::test

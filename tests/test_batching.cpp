@@ -1,0 +1,275 @@
+// Many sequences on the CPU backend: the paged KV pool (sharing, copy-on-write, running out), steps
+// of mixed sequences, the scheduler (chunked prefill, preemption, cancellation), batch invariance,
+// and `minfer batch`.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "batching_support.h"
+#include "convert/synth.h"
+#include "engine/scheduler.h"
+#include "engine/session.h"
+#include "support.h"
+#include "util/error.h"
+
+namespace minfer {
+namespace {
+
+const std::string& tiny_model() {
+  static const std::string path = [] {
+    synth::Options o;
+    o.preset = "tiny";
+    o.ftype = synth::FileType::Q8_0;
+    o.seed = test::seed();
+    o.out_path = (test::temp_dir("batching") / "tiny-q8_0.gguf").string();
+    synth::write_model(o);
+    return o.out_path;
+  }();
+  return path;
+}
+
+const Model& model() {
+  static const Model m = Model::load(tiny_model());
+  return m;
+}
+
+test::BackendFactory cpu_backend() {
+  return [](const Model& m) { return make_cpu_backend(m, 2); };
+}
+
+TEST(KvPool, ForkSharesBlocksAndTheFirstWriteCopies) {
+  KvPool pool(8, 4);
+  KvPool::Sequence a(pool);
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(a.reserve(6, copies));  // positions 0..5: blocks 0-3 and 4-5
+  a.advance(6);
+  EXPECT_EQ(pool.n_used(), 2);
+  EXPECT_TRUE(copies.empty());
+  KvPool::Sequence b = a.fork(6);
+  EXPECT_EQ(pool.n_used(), 2);  // shared, not copied
+  EXPECT_EQ(pool.ref_count(a.blocks()[1]), 2);
+  // b writes position 6, inside the shared second block: b gets its own copy of it
+  ASSERT_TRUE(b.reserve(1, copies));
+  ASSERT_EQ(copies.size(), 1u);
+  EXPECT_EQ(copies[0].src, a.blocks()[1]);
+  EXPECT_EQ(copies[0].dst, b.blocks()[1]);
+  EXPECT_NE(a.blocks()[1], b.blocks()[1]);
+  EXPECT_EQ(a.blocks()[0], b.blocks()[0]);  // the full first block stays shared
+  EXPECT_EQ(pool.ref_count(a.blocks()[1]), 1);
+  // a writes position 6 too: its block is no longer shared, no copy
+  copies.clear();
+  ASSERT_TRUE(a.reserve(1, copies));
+  EXPECT_TRUE(copies.empty());
+  b.release();
+  a.release();
+  EXPECT_EQ(pool.n_free(), 8);
+}
+
+TEST(KvPool, RunningOutIsAnOrdinaryOutcome) {
+  KvPool pool(3, 4);
+  KvPool::Sequence a(pool), b(pool);
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(a.reserve(8, copies));
+  a.advance(8);
+  EXPECT_EQ(a.blocks_needed(5), 2);
+  EXPECT_FALSE(a.reserve(5, copies));  // needs 2 more blocks, 1 is free: nothing changes
+  EXPECT_EQ(a.blocks().size(), 2u);
+  EXPECT_EQ(pool.n_free(), 1);
+  ASSERT_TRUE(b.reserve(4, copies));
+  EXPECT_EQ(pool.n_free(), 0);
+  b.advance(4);
+  b.truncate(0);
+  EXPECT_EQ(pool.n_free(), 1);
+  EXPECT_THROW(a.truncate(9), Error);  // past its length
+}
+
+TEST(Engine, AStepChecksItsInput) {
+  EngineOptions eo;
+  eo.backend = BackendKind::Cpu;
+  eo.n_threads = 2;
+  eo.max_tokens = 8;
+  eo.block_size = 4;
+  eo.n_blocks = 4;
+  Engine engine(model(), eo);
+  KvPool::Sequence a(engine.kv());
+  Step step(engine);
+  const std::vector<int32_t> nine(9, 1), two(2, 1);
+  EXPECT_EQ(step.add(a, nine, false, Step::Output::Last, false), -1);  // over the step's 8 tokens
+  EXPECT_THROW(step.add(a, two, true, Step::Output::Last, false), Error);  // decode items are one token
+  ASSERT_EQ(step.add(a, two, false, Step::Output::Last, false), 0);
+  EXPECT_THROW(step.add(a, two, false, Step::Output::Last, false), Error);  // twice in one step
+  const std::vector<int32_t> bad = {model().hp.n_vocab};
+  KvPool::Sequence b(engine.kv());
+  ASSERT_EQ(step.add(b, bad, false, Step::Output::Last, false), 1);
+  EXPECT_THROW(step.run(), Error);  // a token outside the vocabulary
+}
+
+// A sequence's greedy tokens and logits are the same alone as among 11 others, with its prompt cut
+// into chunks that share steps with other sequences' decode tokens.
+TEST(Batching, GreedyStreamsDoNotDependOnTheBatch) {
+  const auto prompts = test::random_prompts(12, 1, 40, model().hp.n_vocab, 1);
+  const auto alone = test::greedy_alone(model(), cpu_backend(), prompts, 10);
+  for (const int step_tokens : {24, 7}) {
+    const auto together = test::greedy_together(model(), cpu_backend(), prompts, 10, 12, step_tokens);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(together[i].tokens, alone[i].tokens) << "prompt " << i << " step tokens " << step_tokens;
+      ASSERT_EQ(together[i].first_logits.size(), alone[i].first_logits.size());
+      EXPECT_EQ(std::memcmp(together[i].first_logits.data(), alone[i].first_logits.data(),
+                            alone[i].first_logits.size() * 4), 0)
+          << "prompt " << i;
+    }
+  }
+}
+
+// A pool too small for all sequences at once: the newest are preempted (their blocks freed) and
+// recompute when they run again; every request still completes, with the same tokens.
+TEST(Batching, PreemptionWhenBlocksRunOutLosesNothing) {
+  const auto prompts = test::random_prompts(6, 20, 30, model().hp.n_vocab, 2);
+  const auto alone = test::greedy_alone(model(), cpu_backend(), prompts, 24);
+  EngineOptions eo;
+  eo.max_tokens = 64;
+  eo.block_size = 8;
+  eo.n_blocks = 14;  // 112 positions for 6 sequences that grow to 44-54 positions each
+  Engine engine(model(), eo, make_cpu_backend(model(), 2));
+  Scheduler scheduler(engine, {6, 0, {}});
+  std::vector<std::vector<int32_t>> got(prompts.size());
+  std::vector<FinishReason> reasons(prompts.size(), FinishReason::Cancelled);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.prompt = prompts[i];
+    r.max_tokens = 24;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    r.on_token = [&got, i](int32_t t, std::span<const float>) {
+      got[i].push_back(t);
+      return true;
+    };
+    r.on_finish = [&reasons, i](FinishReason f) { reasons[i] = f; };
+    scheduler.submit(std::move(r));
+  }
+  while (scheduler.has_work()) scheduler.step();
+  EXPECT_GT(scheduler.counts().preemptions, 0);
+  EXPECT_EQ(engine.kv().n_free(), engine.kv().n_blocks());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(reasons[i], FinishReason::Length) << i;
+    EXPECT_EQ(got[i], alone[i].tokens) << "prompt " << i;
+  }
+}
+
+TEST(Batching, CancelledRequestsGiveTheirBlocksBack) {
+  EngineOptions eo;
+  eo.max_tokens = 32;
+  eo.block_size = 8;
+  eo.n_blocks = 32;
+  Engine engine(model(), eo, make_cpu_backend(model(), 2));
+  Scheduler scheduler(engine, {4, 0, {}});
+  const auto prompts = test::random_prompts(3, 5, 10, model().hp.n_vocab, 3);
+  std::vector<int> generated(3, 0);
+  std::vector<FinishReason> reasons(3, FinishReason::Stop);
+  std::vector<uint64_t> ids;
+  for (size_t i = 0; i < 3; ++i) {
+    Request r;
+    r.prompt = prompts[i];
+    r.max_tokens = 100;
+    r.ignore_eos = true;
+    r.sampling.temperature = 0;
+    // request 0 stops itself after 3 tokens; request 1 is cancelled from outside
+    r.on_token = [&generated, i](int32_t, std::span<const float>) { return !(i == 0 && ++generated[i] >= 3); };
+    r.on_finish = [&reasons, i](FinishReason f) { reasons[i] = f; };
+    ids.push_back(scheduler.submit(std::move(r)));
+  }
+  for (int s = 0; s < 5; ++s) scheduler.step();
+  scheduler.cancel(ids[1]);
+  scheduler.cancel(ids[2]);
+  scheduler.step();
+  EXPECT_FALSE(scheduler.has_work());
+  EXPECT_EQ(reasons[0], FinishReason::Cancelled);
+  EXPECT_EQ(reasons[1], FinishReason::Cancelled);
+  EXPECT_EQ(engine.kv().n_free(), engine.kv().n_blocks());
+  EXPECT_THROW(scheduler.submit(Request{}), Error);  // an empty prompt
+}
+
+// A fork shares the prompt's blocks; diverging continuations each equal a fresh run of their own.
+TEST(Batching, ForkedSequencesDivergeCleanly) {
+  EngineOptions eo;
+  eo.max_tokens = 64;
+  eo.block_size = 16;
+  eo.n_blocks = 16;
+  Engine engine(model(), eo, make_cpu_backend(model(), 2));
+  const auto prompt = test::random_prompts(1, 40, 40, model().hp.n_vocab, 4)[0];
+  auto continue_with = [&](KvPool::Sequence& seq, int32_t token) {
+    Step step(engine);
+    step.add(seq, std::span<const int32_t>(&token, 1), true, Step::Output::Last, true);
+    step.run();
+    const auto l = step.logits(0);
+    return std::vector<float>(l.begin(), l.end());
+  };
+  KvPool::Sequence a(engine.kv());
+  {
+    Step step(engine);
+    step.add(a, prompt, false, Step::Output::None, false);
+    step.run();
+  }
+  KvPool::Sequence b = a.fork(a.n_tokens());
+  Step both(engine);
+  const int32_t ta = 5, tb = 9;
+  both.add(a, std::span<const int32_t>(&ta, 1), true, Step::Output::Last, true);
+  both.add(b, std::span<const int32_t>(&tb, 1), true, Step::Output::Last, true);
+  both.run();
+  const std::vector<float> la(both.logits(0).begin(), both.logits(0).end()), lb(both.logits(1).begin(), both.logits(1).end());
+  for (const auto& [token, logits] : {std::pair{ta, la}, std::pair{tb, lb}}) {
+    KvPool::Sequence fresh(engine.kv());
+    Step step(engine);
+    step.add(fresh, prompt, false, Step::Output::None, false);
+    step.run();
+    const std::vector<float> want = continue_with(fresh, token);
+    EXPECT_EQ(std::memcmp(want.data(), logits.data(), want.size() * 4), 0) << "token " << token;
+  }
+}
+
+TEST(BatchCli, ParallelOneAndEightWriteTheSameLines) {
+  const auto dir = test::temp_dir("batch-cli");
+  {
+    std::ofstream f(dir / "prompts.txt");
+    f << "In the beginning\nAnd God said\n\nLet there be light\nThe earth was without form\n"
+         "And the evening and the morning\nblessed are\nx\ny\nz\n";
+  }
+  auto run = [&](int parallel, const std::string& extra) {
+    const std::string out = (dir / ("out" + std::to_string(parallel) + ".jsonl")).string();
+    std::string log;
+    const int rc = test::run_command(test::minfer_binary() + " batch -m " + tiny_model() + " -f " +
+                                         (dir / "prompts.txt").string() + " -n 12 --backend cpu -t 2 --parallel " +
+                                         std::to_string(parallel) + extra + " -o " + out,
+                                     &log);
+    EXPECT_EQ(rc, 0) << log;
+    std::ifstream in(out);
+    std::vector<nlohmann::json> lines;
+    std::string line;
+    while (std::getline(in, line)) lines.push_back(nlohmann::json::parse(line));
+    return lines;
+  };
+  const auto one = run(1, " --temp 0"), eight = run(8, " --temp 0");
+  ASSERT_EQ(one.size(), 9u);  // the empty line is not a prompt
+  EXPECT_EQ(one, eight);
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(one[i]["index"], i);
+    EXPECT_TRUE(one[i]["text"].is_string());
+    EXPECT_LE(one[i]["tokens"].size(), 12u);
+    EXPECT_TRUE(one[i]["finish_reason"] == "stop" || one[i]["finish_reason"] == "length");
+  }
+  EXPECT_EQ(one[2]["prompt"], "Let there be light");
+  // sampled text depends on the seed and the prompt's index only
+  EXPECT_EQ(run(1, " --temp 1 --seed 5"), run(8, " --temp 1 --seed 5"));
+  std::string log;
+  EXPECT_NE(test::run_command(test::minfer_binary() + " batch -m " + tiny_model() + " -f " +
+                                  (dir / "missing.txt").string(),
+                              &log),
+            0);
+  EXPECT_NE(log.find("cannot read prompts"), std::string::npos) << log;
+}
+
+}  // namespace
+}  // namespace minfer

@@ -1,0 +1,124 @@
+// The lowering pass on the graphs of every architecture: which launches a step gets, which fusion
+// rules apply, that every opt-out removes its rule, and that every graph node is computed exactly
+// once. (That the launches compute the same bits fused and unfused is the GPU tests' job.)
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "backend/plan.h"
+#include "convert/synth.h"
+#include "support.h"
+
+namespace minfer {
+namespace {
+
+const Model& model(const std::string& preset) {
+  static std::map<std::string, std::unique_ptr<Model>> cache;
+  auto& m = cache[preset];
+  if (!m) {
+    synth::Options o;
+    o.preset = preset;
+    o.ftype = synth::FileType::Q4_K_M;
+    o.tokenizer = "builtin";
+    o.out_path = (test::temp_dir("plan") / (preset + ".gguf")).string();
+    synth::write_model(o);
+    m = std::make_unique<Model>(Model::load(o.out_path));
+  }
+  return *m;
+}
+
+std::map<std::string, int> count(const std::vector<Launch>& launches) {
+  std::map<std::string, int> n;
+  for (const Launch& l : launches) ++n[l.name];
+  return n;
+}
+
+constexpr StepShape kDecode{true, false, true};
+constexpr StepShape kPrompt{false, true, false};
+constexpr StepShape kMixed{true, true, false};
+
+TEST(Plan, DecodeStepFusesQkvRopeKvGateUpResidualAndQuantize) {
+  const Model& m = model("tiny");
+  const int L = m.hp.n_layer;
+  const auto n = count(lower(build_graph(m), Fusions{}, kDecode));
+  EXPECT_EQ(n.at("matvec_qkv_rope_kv"), L);
+  EXPECT_EQ(n.at("matvec_gate_up"), L);
+  EXPECT_EQ(n.at("matvec"), 2 * L);  // attn_out and ffn_down, each with its residual add
+  EXPECT_EQ(n.at("rms_norm_quant_pad40"), 2 * L + 1);
+  EXPECT_EQ(n.at("swiglu_quant_pad40"), L);
+  EXPECT_EQ(n.at("quantize_pad40"), L);  // attn_out only: its producer is attention
+  EXPECT_EQ(n.at("attention_split_combine"), L);
+  EXPECT_EQ(n.count("rope"), 0u);
+  EXPECT_EQ(n.count("kv_append"), 0u);
+  EXPECT_EQ(n.count("add"), 0u);
+  EXPECT_EQ(n.count("gather_output_rows"), 0u);
+  EXPECT_EQ(n.at("matvec_output"), 1);
+  EXPECT_EQ(n.at("argmax"), 1);
+}
+
+TEST(Plan, Qwen3KeepsItsFusedQkvAroundTheHeadNorms) {
+  const Model& m = model("tiny-qwen3");
+  const int L = m.hp.n_layer;
+  const auto n = count(lower(build_graph(m), Fusions{}, kDecode));
+  EXPECT_EQ(n.at("matvec_qkv"), L);  // the q/k norms sit between the matmuls and rope
+  EXPECT_EQ(n.count("matvec_qkv_rope_kv"), 0u);
+  EXPECT_EQ(n.at("rope"), 2 * L);
+  EXPECT_EQ(n.at("kv_append"), L);
+  EXPECT_EQ(n.at("rms_norm"), 2 * L);  // q_norm and k_norm
+}
+
+TEST(Plan, PromptAndMixedSteps) {
+  const Model& m = model("tiny-llama3");
+  const int L = m.hp.n_layer;
+  const auto prompt = count(lower(build_graph(m), Fusions{}, kPrompt));
+  EXPECT_EQ(prompt.at("gemm"), 7 * L);  // q, k, v, o, gate, up, down
+  EXPECT_EQ(prompt.at("prefill_attention"), L);
+  EXPECT_EQ(prompt.count("attention_split_combine"), 0u);
+  EXPECT_EQ(prompt.at("gather_output_rows"), 1);
+  EXPECT_EQ(prompt.count("rms_norm_quant_pad40"), 0u);  // no decode rows: no plane to write
+  EXPECT_EQ(prompt.at("quantize_pad40"), 1);           // the head's gathered rows
+  const auto mixed = count(lower(build_graph(m), Fusions{}, kMixed));
+  EXPECT_EQ(mixed.at("matvec_qkv_rope_kv"), L);  // decode rows: fused, roped, cached
+  EXPECT_EQ(mixed.at("gemm"), 7 * L);            // prompt rows: the GEMM
+  EXPECT_EQ(mixed.at("rope"), 2 * L);            // ... roped and cached separately
+  EXPECT_EQ(mixed.at("kv_append"), L);
+  EXPECT_EQ(mixed.at("attention_split_combine"), L);
+  EXPECT_EQ(mixed.at("prefill_attention"), L);
+}
+
+// Each opt-out removes exactly its rule; with all of them off every node is its own launch.
+TEST(Plan, EveryOptOutRemovesItsRule) {
+  const Model& m = model("tiny");
+  const Graph g = build_graph(m);
+  auto with = [](auto change) {
+    Fusions f;
+    change(f);
+    return f;
+  };
+  auto n = count(lower(g, with([](Fusions& f) { f.fused_qkv = false; }), kDecode));
+  EXPECT_EQ(n.count("matvec_qkv_rope_kv"), 0u);
+  EXPECT_EQ(n.at("rope"), 2 * m.hp.n_layer);
+  n = count(lower(g, with([](Fusions& f) { f.fused_ffn = false; }), kDecode));
+  EXPECT_EQ(n.count("matvec_gate_up"), 0u);
+  n = count(lower(g, with([](Fusions& f) { f.fused_residual = false; }), kDecode));
+  EXPECT_EQ(n.at("add"), 2 * m.hp.n_layer);
+  n = count(lower(g, with([](Fusions& f) { f.decode_a_fuse = false; }), kDecode));
+  EXPECT_EQ(n.count("rms_norm_quant_pad40") + n.count("swiglu_quant_pad40"), 0u);
+  EXPECT_EQ(n.at("quantize_pad40"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
+
+  for (const StepShape shape : {kDecode, kPrompt, kMixed}) {
+    const std::vector<Launch> plain = lower(g, Fusions::none(), shape);
+    std::vector<int> completed(g.nodes.size(), 0);
+    for (const Launch& l : plain) {
+      EXPECT_LE(l.n_segs, 1) << l.name;
+      EXPECT_FALSE(l.writes_q8) << l.name;
+      EXPECT_EQ(l.residual, -1) << l.name;
+      if (l.completes_node >= 0) ++completed[size_t(l.completes_node)];
+    }
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      EXPECT_EQ(completed[i], 1) << g.nodes[i].name << " (shape " << shape.decode << shape.prompt << ")";
+  }
+}
+
+}  // namespace
+}  // namespace minfer
