@@ -101,11 +101,11 @@ int run_batch(int argc, char** argv) {
     r.sampling.seed = sp.seed + i;
     r.ignore_eos = ignore_eos;
     Result& res = results[i];
-    r.on_token = [&res](int32_t token, std::span<const float>) {
+    r.on_token = [&res](int, int32_t token, std::span<const float>) {
       res.tokens.push_back(token);
       return true;
     };
-    r.on_finish = [&res](FinishReason reason) {
+    r.on_finish = [&res](int, FinishReason reason) {
       res.reason = reason;
       res.done = true;
     };
