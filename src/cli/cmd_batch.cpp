@@ -88,8 +88,7 @@ int run_batch(int argc, char** argv) {
   Engine engine(model, eo);
   SchedulerOptions so;
   so.max_seqs = parallel;
-  for (int32_t t = 0; t < std::min(model.hp.n_vocab, tokenizer.n_vocab()); ++t)
-    if (tokenizer.is_end_of_generation(t)) so.end_tokens.push_back(t);
+  so.end_tokens = end_of_generation_tokens(model, tokenizer);
   Scheduler scheduler(engine, so);
 
   std::vector<Result> results(prompts.size());
