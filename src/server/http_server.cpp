@@ -96,10 +96,10 @@ class Reply {
       for (const int c : stopped) sub_.channel->stop_choice(c);
       if (events.empty() && !assembler_.done()) {
         if (const std::string f = model_.worker.failure(); !f.empty()) return fail(sink, f);
-        if (Clock::now() >= deadline_) {  // as llama.cpp's time limit: what was generated, "length"
-          model_.worker.cancel(sub_.id);
-          assembler_.finish_all(FinishReason::Length, deltas);
-        }
+      }
+      if (!assembler_.done() && Clock::now() >= deadline_) {  // as llama.cpp's time limit: what was generated, "length"
+        model_.worker.cancel(sub_.id);
+        assembler_.finish_all(FinishReason::Length, deltas);
       }
       if (stream_ && !deltas.empty() && !send(sink, sse_chunks(deltas))) return abandon();
     }
