@@ -55,6 +55,7 @@ test('200 requests from 32 clients with random disconnects', async () => {
   await Promise.all(Array.from({ length: CLIENTS }, client));
   assert.deepEqual(outcome.other, []);
   assert.equal(outcome.ok + outcome.aborted, REQUESTS);
+  console.log(`soak: ${outcome.ok} complete, ${outcome.aborted} abandoned by the client`);
   assert.ok(outcome.aborted > 20, `${outcome.aborted} aborted`);
   assert.ok(server.alive(), 'the server did not crash');
   await waitForMetrics(server.url, (m) => m.minfer_requests_running === 0 && m.minfer_requests_waiting === 0 && m.minfer_kv_blocks_used === 0);
