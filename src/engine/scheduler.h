@@ -46,7 +46,7 @@ struct SchedulerOptions {
 // Sequences (one per choice) and the KV pool as of the end of the last step.
 struct SchedulerCounts {
   int running = 0, waiting = 0;
-  int kv_used = 0, kv_cached = 0, kv_total = 0;  // blocks: held by sequences, cached and free, all
+  int kv_used = 0, kv_cached = 0, kv_total = 0;  // blocks: held by sequences; cached, held by none; all
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
   int64_t prefix_hit_tokens = 0;  // prompt positions taken from the prefix cache, not computed
 };
