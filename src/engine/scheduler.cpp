@@ -82,8 +82,9 @@ void Scheduler::cancel(uint64_t id) {
 }
 
 bool Scheduler::has_work() {
+  // From the counts, not the step thread's lists: other threads may ask while a step runs.
   std::lock_guard<std::mutex> lock(mu_);
-  return !incoming_.empty() || !waiting_.empty() || !running_.empty();
+  return counts_.running > 0 || counts_.waiting > 0;
 }
 
 SchedulerCounts Scheduler::counts() {
