@@ -242,6 +242,22 @@ const Tokenizer& default_tokenizer() {
   return tok;
 }
 
+TEST(ServerApi, PromptTokens) {
+  const Tokenizer& tok = default_tokenizer();
+  const ChatPrompt chat_prompt(tok, false);
+  const auto completion = [](const std::string& body) {
+    return parse_generation_request(Endpoint::Completion, body, kLimits);
+  };
+  // Special-token text in a completion prompt is the special token, as in llama.cpp and vLLM.
+  EXPECT_EQ(prompt_tokens(completion(R"({"prompt":"<|im_start|>user"})"), tok, chat_prompt).front(), 1);
+  EXPECT_EQ(prompt_tokens(completion(R"({"prompt":[5,6]})"), tok, chat_prompt), (std::vector<int32_t>{5, 6}));
+  EXPECT_THROW(prompt_tokens(completion(R"({"prompt":[4096]})"), tok, chat_prompt), ApiError);  // beyond the vocabulary
+  EXPECT_THROW(prompt_tokens(completion(R"({"prompt":""})"), tok, chat_prompt), ApiError);
+  const GenerationRequest c = chat("");
+  const std::vector<int32_t> ids = prompt_tokens(c, tok, chat_prompt);
+  EXPECT_EQ(ids, chat_prompt.tokens(c.messages, true));  // the model's template with a generation prompt
+}
+
 TEST(ReplyAssembler, StreamsTextHoldsStopStringsAndCountsTokens) {
   const Tokenizer& tok = default_tokenizer();
   const std::vector<int32_t> ids = tok.encode(" In the beginning God created the heaven and the earth.", false, false);

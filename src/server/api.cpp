@@ -262,7 +262,7 @@ std::vector<int32_t> prompt_tokens(const GenerationRequest& req, const Tokenizer
     for (const int32_t id : ids)
       if (id >= tok.n_vocab()) bad(param, str_cat("'prompt' holds the token id ", id, "; the vocabulary has ", tok.n_vocab()));
   } else {
-    ids = tok.encode(req.prompt_text, true, false);
+    ids = tok.encode(req.prompt_text, true, true);  // special-token text counts, as in llama.cpp and vLLM
   }
   if (ids.empty()) bad(param, str_cat("the ", param, " encode to no tokens"));
   return ids;
