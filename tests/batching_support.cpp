@@ -61,7 +61,7 @@ std::vector<GreedyStream> greedy_together(const Model& model, const BackendFacto
     r.ignore_eos = true;
     r.want_logits = true;
     GreedyStream& g = out[i];
-    r.on_token = [&g](int32_t token, std::span<const float> logits) {
+    r.on_token = [&g](int, int32_t token, std::span<const float> logits) {
       if (g.tokens.empty()) g.first_logits.assign(logits.begin(), logits.end());
       g.tokens.push_back(token);
       return true;

@@ -143,11 +143,11 @@ TEST(Batching, PreemptionWhenBlocksRunOutLosesNothing) {
     r.max_tokens = 24;
     r.sampling.temperature = 0;
     r.ignore_eos = true;
-    r.on_token = [&got, i](int32_t t, std::span<const float>) {
+    r.on_token = [&got, i](int, int32_t t, std::span<const float>) {
       got[i].push_back(t);
       return true;
     };
-    r.on_finish = [&reasons, i](FinishReason f) { reasons[i] = f; };
+    r.on_finish = [&reasons, i](int, FinishReason f) { reasons[i] = f; };
     scheduler.submit(std::move(r));
   }
   while (scheduler.has_work()) scheduler.step();
@@ -177,8 +177,8 @@ TEST(Batching, CancelledRequestsGiveTheirBlocksBack) {
     r.ignore_eos = true;
     r.sampling.temperature = 0;
     // request 0 stops itself after 3 tokens; request 1 is cancelled from outside
-    r.on_token = [&generated, i](int32_t, std::span<const float>) { return !(i == 0 && ++generated[i] >= 3); };
-    r.on_finish = [&reasons, i](FinishReason f) { reasons[i] = f; };
+    r.on_token = [&generated, i](int, int32_t, std::span<const float>) { return !(i == 0 && ++generated[i] >= 3); };
+    r.on_finish = [&reasons, i](int, FinishReason f) { reasons[i] = f; };
     ids.push_back(scheduler.submit(std::move(r)));
   }
   for (int s = 0; s < 5; ++s) scheduler.step();

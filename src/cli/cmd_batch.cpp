@@ -88,8 +88,7 @@ int run_batch(int argc, char** argv) {
   Engine engine(model, eo);
   SchedulerOptions so;
   so.max_seqs = parallel;
-  for (int32_t t = 0; t < std::min(model.hp.n_vocab, tokenizer.n_vocab()); ++t)
-    if (tokenizer.is_end_of_generation(t)) so.end_tokens.push_back(t);
+  so.end_tokens = end_of_generation_tokens(model, tokenizer);
   Scheduler scheduler(engine, so);
 
   std::vector<Result> results(prompts.size());
@@ -101,11 +100,11 @@ int run_batch(int argc, char** argv) {
     r.sampling.seed = sp.seed + i;
     r.ignore_eos = ignore_eos;
     Result& res = results[i];
-    r.on_token = [&res](int32_t token, std::span<const float>) {
+    r.on_token = [&res](int, int32_t token, std::span<const float>) {
       res.tokens.push_back(token);
       return true;
     };
-    r.on_finish = [&res](FinishReason reason) {
+    r.on_finish = [&res](int, FinishReason reason) {
       res.reason = reason;
       res.done = true;
     };

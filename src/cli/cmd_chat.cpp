@@ -8,7 +8,6 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
-#include <optional>
 #include <string>
 #include <unistd.h>
 
@@ -16,7 +15,7 @@
 #include "cli/common.h"
 #include "engine/session.h"
 #include "sampling/sampler.h"
-#include "tokenizer/chat_template.h"
+#include "tokenizer/chat_prompt.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 
@@ -33,22 +32,6 @@ void on_sigint(int) {
   const char nl = '\n';
   (void)!write(STDOUT_FILENO, &nl, 1);
   _exit(130);
-}
-
-// The model's template, or ChatML when it has none or it does not parse.
-std::optional<minfer::ChatTemplate> load_template(const minfer::Tokenizer& tok, bool force_chatml) {
-  if (force_chatml) return std::nullopt;
-  const std::string source = tok.chat_template();
-  if (source.empty()) {
-    std::fprintf(stderr, "minfer chat: warning: the model has no tokenizer.chat_template; using ChatML\n");
-    return std::nullopt;
-  }
-  try {
-    return minfer::ChatTemplate(source);
-  } catch (const minfer::jinja::TemplateError& e) {
-    std::fprintf(stderr, "minfer chat: warning: %s; falling back to ChatML\n", e.what());
-    return std::nullopt;
-  }
 }
 
 int run_chat(int argc, char** argv) {
@@ -70,9 +53,9 @@ int run_chat(int argc, char** argv) {
 
   const minfer::Model model = minfer::Model::load(minfer::cli::resolve_model_path(model_path));
   const minfer::Tokenizer tok = minfer::Tokenizer::from_gguf(model.file);
-  const std::optional<minfer::ChatTemplate> tmpl = load_template(tok, force_chatml);
-  const std::string bos = tok.bos() >= 0 ? tok.token_text(tok.bos()) : "";
-  const std::string eos = tok.eos() >= 0 ? tok.token_text(tok.eos()) : "";
+  const minfer::ChatPrompt chat_prompt(tok, force_chatml);
+  if (!chat_prompt.fallback_reason().empty())
+    std::fprintf(stderr, "minfer chat: warning: %s; using ChatML\n", chat_prompt.fallback_reason().c_str());
 
   minfer::SessionOptions so;
   so.n_ctx = n_ctx;
@@ -90,18 +73,9 @@ int run_chat(int argc, char** argv) {
   if (!system_prompt.empty()) history.push_back({"system", system_prompt});
   std::vector<int32_t> cached;  // the tokens whose keys/values the session holds, in order
 
-  auto render_prompt = [&]() -> std::vector<int32_t> {
-    std::string text = tmpl ? tmpl->render(minfer::messages_to_json(history), minfer::Json(), true, bos, eos)
-                            : minfer::render_chatml(history, true);
-    std::vector<int32_t> ids = tok.encode(text, false, true);
-    // Templates usually write bos_token themselves; add it when the model wants one and they did not.
-    if (tok.add_bos() && tok.bos() >= 0 && (ids.empty() || ids.front() != tok.bos())) ids.insert(ids.begin(), tok.bos());
-    return ids;
-  };
-
   std::fprintf(stderr, "minfer chat: %s, context %d tokens, %s template. Ctrl-C stops a reply; "
                        "Ctrl-C at the prompt or EOF exits; /reset clears the history.\n",
-               session.backend_name().c_str(), session.n_ctx(), tmpl ? "model's" : "ChatML");
+               session.backend_name().c_str(), session.n_ctx(), chat_prompt.uses_model_template() ? "model's" : "ChatML");
   std::string line;
   while (true) {
     std::fputs("> ", stdout);
@@ -115,7 +89,7 @@ int run_chat(int argc, char** argv) {
     history.push_back({"user", line});
     std::vector<int32_t> prompt;
     try {
-      prompt = render_prompt();
+      prompt = chat_prompt.tokens(history, true);
     } catch (const minfer::Error& e) {
       std::fprintf(stderr, "minfer chat: %s\n", e.what());
       history.pop_back();

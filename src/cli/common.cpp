@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -22,6 +23,13 @@ void add_sampler_options(CLI::App& app, SamplerParams& sp) {
   app.add_option("--frequency-penalty", sp.frequency_penalty, "frequency penalty")->capture_default_str();
   app.add_option("--repeat-last-n", sp.penalty_last_n, "history the penalties look at")->capture_default_str();
   app.add_option("--seed", sp.seed, "sampling seed")->capture_default_str();
+}
+
+std::vector<int32_t> end_of_generation_tokens(const Model& model, const Tokenizer& tok) {
+  std::vector<int32_t> ends;
+  for (int32_t t = 0; t < std::min(model.hp.n_vocab, tok.n_vocab()); ++t)
+    if (tok.is_end_of_generation(t)) ends.push_back(t);
+  return ends;
 }
 
 std::string resolve_model_path(const std::string& given) {

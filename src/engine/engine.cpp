@@ -13,12 +13,12 @@ BackendKind parse_backend_kind(const std::string& s) {
   fail("unknown backend '", s, "' (expected cpu, cuda or auto)");
 }
 
-namespace {
-
-std::unique_ptr<Backend> make_backend(const Model& model, const EngineOptions& o) {
-  const bool use_cuda = o.backend == BackendKind::Cuda || (o.backend == BackendKind::Auto && cuda_available());
-  return use_cuda ? make_cuda_backend(model) : make_cpu_backend(model, o.n_threads);
+std::unique_ptr<Backend> make_backend(const Model& model, BackendKind kind, int n_threads) {
+  const bool use_cuda = kind == BackendKind::Cuda || (kind == BackendKind::Auto && cuda_available());
+  return use_cuda ? make_cuda_backend(model) : make_cpu_backend(model, n_threads);
 }
+
+namespace {
 
 std::string mib(int64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
 
@@ -28,7 +28,7 @@ int64_t Engine::memory_needed(const Backend& b, int n_blocks, int block_size, in
   return int64_t(n_blocks) * b.kv_block_bytes(block_size) + b.workspace_bytes(max_tokens);
 }
 
-Engine::Engine(const Model& model, const EngineOptions& o) : Engine(model, o, make_backend(model, o)) {}
+Engine::Engine(const Model& model, const EngineOptions& o) : Engine(model, o, make_backend(model, o.backend, o.n_threads)) {}
 
 Engine::Engine(const Model& model, const EngineOptions& o, std::unique_ptr<Backend> backend)
     : model_(model), backend_(std::move(backend)), kv_(o.n_blocks, o.block_size) {

@@ -16,6 +16,8 @@ namespace minfer {
 
 enum class BackendKind { Cpu, Cuda, Auto };
 BackendKind parse_backend_kind(const std::string& s);  // "cpu" | "cuda" | "auto"
+// The backend `kind` names (Auto: CUDA when a device is present); n_threads for the CPU backend.
+std::unique_ptr<Backend> make_backend(const Model& model, BackendKind kind, int n_threads);
 
 // KV positions per block when nobody chooses (docs/10-batching.md says how it was chosen).
 constexpr int kDefaultKvBlockSize = 64;

@@ -3,9 +3,17 @@
 // into a shared block copies it (copy-on-write). Running out of blocks is an ordinary outcome
 // (`reserve` returns false and changes nothing): the caller waits, preempts or refuses.
 // The KV bytes themselves live in the backend; this class only decides which block is whose.
+//
+// Prefix cache: a full block whose token ids are known can be offered to the cache under a key
+// that hashes its tokens chained with the keys of the blocks before it, so the key names the whole
+// prefix. A block nobody holds any more stays cached (and counts as free) until the pool needs it:
+// then the least recently released cached block is reused. A new sequence whose first tokens match
+// cached blocks takes those blocks instead of computing them again.
 #pragma once
 #include <cstdint>
+#include <list>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
@@ -20,8 +28,10 @@ class KvPool {
 
   int n_blocks() const { return int(ref_.size()); }
   int block_size() const { return block_size_; }
-  int n_free() const { return int(free_.size()); }
-  int n_used() const { return n_blocks() - n_free(); }
+  // Blocks a reserve can take: never used, or cached with no holder (evicted when taken).
+  int n_free() const { return int(free_.size() + evictable_.size()); }
+  int n_used() const { return n_blocks() - n_free(); }  // held by sequences
+  int n_cached() const { return int(evictable_.size()); }  // cached prefixes no sequence holds
   int ref_count(int32_t block) const { return ref_[size_t(block)]; }
 
   // A sequence's KV: the blocks holding its positions [0, n_tokens). Move-only; it gives its
@@ -53,20 +63,37 @@ class KvPool {
     void truncate(int n);
     void release() { truncate(0); }
 
+    // Prefix cache. On an empty sequence: takes the cached blocks that hold the longest run of
+    // whole blocks starting `tokens`, covering at most max_positions positions; returns the
+    // positions now held (a multiple of the block size).
+    int attach_cached_prefix(std::span<const int32_t> tokens, int max_positions);
+    // Offers this sequence's full blocks among positions [0, tokens.size()) to the cache;
+    // tokens[i] is the token at position i (tokens.size() <= n_tokens).
+    void cache_full_blocks(std::span<const int32_t> tokens);
+
    private:
     KvPool* pool_ = nullptr;
     std::vector<int32_t> blocks_;
     int n_tokens_ = 0;
+    // Prefix keys of the leading blocks whose tokens are known (taken from or offered to the cache).
+    std::vector<uint64_t> keys_;
   };
 
  private:
   int32_t allocate();
-  void retain(int32_t block) { ++ref_[size_t(block)]; }
+  void retain(int32_t block);
   void unref(int32_t block);
+  void uncache(int32_t block);
+  static uint64_t prefix_key(uint64_t previous, std::span<const int32_t> block_tokens);
 
   int block_size_;
   std::vector<int> ref_;
   std::vector<int32_t> free_;  // a stack: the most recently freed block is reused first
+  std::unordered_map<uint64_t, int32_t> cache_;  // prefix key -> the block holding it
+  std::vector<uint64_t> key_;                    // per block: its key while cached
+  std::vector<uint8_t> cached_;                  // per block: in cache_
+  std::list<int32_t> evictable_;                 // cached, no holder; least recently released first
+  std::vector<std::list<int32_t>::iterator> evictable_at_;  // per block, valid while evictable
 };
 
 }  // namespace minfer

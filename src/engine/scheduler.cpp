@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "util/error.h"
 
@@ -15,12 +16,16 @@ const char* finish_reason_name(FinishReason r) {
   return "unknown";
 }
 
-// A request being served. tokens = prompt + generated; the KV cache holds tokens[0, kv.n_tokens()).
-// Until the first token is generated the step feeds the prompt; afterwards it feeds the newest
-// token (decode), or, after a preemption, recomputes everything before the newest token first.
+// One choice of a request being served. tokens = prompt + generated; the KV cache holds
+// tokens[0, kv.n_tokens()). Until the first token is generated the step feeds the prompt;
+// afterwards it feeds the newest token (decode), or, after a preemption, recomputes everything
+// before the newest token first. Choice 0 computes the prompt; the other choices are forked from it
+// when its prompt is done.
 struct Scheduler::Active {
   uint64_t id = 0;
-  Request req;
+  std::shared_ptr<const Request> req;  // shared by the request's choices
+  int choice = 0;
+  int forks_pending = 0;  // choices still to fork from this one once its prompt is computed
   KvPool::Sequence kv;
   std::vector<int32_t> tokens;
   int n_prompt = 0;
@@ -28,15 +33,24 @@ struct Scheduler::Active {
   Sampler sampler;
   int item = -1;  // index in the current step, -1 when not in it
 
-  Active(uint64_t id_, Request r, KvPool& pool)
-      : id(id_), req(std::move(r)), kv(pool), tokens(req.prompt), n_prompt(int(tokens.size())), sampler(req.sampling) {}
+  Active(uint64_t id_, std::shared_ptr<const Request> r, int choice_, KvPool::Sequence kv_)
+      : id(id_), req(std::move(r)), choice(choice_), kv(std::move(kv_)), tokens(req->prompt),
+        n_prompt(int(tokens.size())), sampler(seeded(req->sampling, choice_)) {}
+  static SamplerParams seeded(SamplerParams p, int choice) {
+    p.seed += uint64_t(choice);
+    return p;
+  }
   // Tokens to run before the next token can be generated; 0 when the newest one decodes next.
   int prefill_left() const {
     const int target = n_generated == 0 ? n_prompt : int(tokens.size()) - 1;
     return target - kv.n_tokens();
   }
   bool decoding() const { return n_generated > 0 && prefill_left() == 0; }
-  bool wants_logits() const { return req.want_logits || !plain_greedy(req.sampling); }
+  bool wants_logits() const { return req->want_logits || !plain_greedy(req->sampling); }
+  int width() const { return 1 + forks_pending; }  // sequences it occupies once its prompt is done
+  int32_t pick(int32_t argmax, std::span<const float> logits) {
+    return plain_greedy(req->sampling) ? argmax : sampler.sample(logits, tokens);
+  }
 };
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions opts) : engine_(engine), opts_(std::move(opts)), step_(engine) {
@@ -49,12 +63,15 @@ Scheduler::~Scheduler() = default;
 uint64_t Scheduler::submit(Request r) {
   if (r.prompt.empty()) fail("the prompt is empty");
   if (r.max_tokens < 0) fail("max_tokens must not be negative, not ", r.max_tokens);
+  if (r.n < 1 || r.n > opts_.max_seqs) fail("a request asks for ", r.n, " choices; 1 to ", opts_.max_seqs, " can run");
   const int64_t capacity = int64_t(engine_.kv().n_blocks()) * engine_.kv().block_size();
   if (int64_t(r.prompt.size()) + 1 > capacity)
     fail("the prompt has ", r.prompt.size(), " tokens but the KV cache holds ", capacity, " positions in all");
   std::lock_guard<std::mutex> lock(mu_);
   const uint64_t id = next_id_++;
-  incoming_.push_back(std::make_unique<Active>(id, std::move(r), engine_.kv()));
+  auto a = std::make_unique<Active>(id, std::make_shared<const Request>(std::move(r)), 0, KvPool::Sequence(engine_.kv()));
+  a->forks_pending = a->req->n - 1;
+  incoming_.push_back(std::move(a));
   ++counts_.waiting;
   return id;
 }
@@ -65,8 +82,9 @@ void Scheduler::cancel(uint64_t id) {
 }
 
 bool Scheduler::has_work() {
+  // From the counts, not the step thread's lists: other threads may ask while a step runs.
   std::lock_guard<std::mutex> lock(mu_);
-  return !incoming_.empty() || !waiting_.empty() || !running_.empty();
+  return counts_.running > 0 || counts_.waiting > 0;
 }
 
 SchedulerCounts Scheduler::counts() {
@@ -76,7 +94,27 @@ SchedulerCounts Scheduler::counts() {
 
 void Scheduler::finish(Active& a, FinishReason r) {
   a.kv.release();
-  if (a.req.on_finish) a.req.on_finish(r);
+  if (!a.req->on_finish) return;
+  a.req->on_finish(a.choice, r);
+  // Choices never forked end with the one they were to be forked from.
+  for (; a.forks_pending > 0; --a.forks_pending) a.req->on_finish(a.req->n - a.forks_pending, r);
+}
+
+bool Scheduler::accept(Active& a, int32_t token, std::span<const float> logits, int64_t& generated) {
+  const Request& r = *a.req;
+  if (!r.ignore_eos && std::find(opts_.end_tokens.begin(), opts_.end_tokens.end(), token) != opts_.end_tokens.end()) {
+    finish(a, FinishReason::Stop);
+    return false;
+  }
+  a.tokens.push_back(token);
+  ++a.n_generated;
+  ++generated;
+  const bool keep_going = !r.on_token || r.on_token(a.choice, token, r.want_logits ? logits : std::span<const float>());
+  if (!keep_going || a.n_generated >= r.max_tokens) {
+    finish(a, keep_going ? FinishReason::Length : FinishReason::Cancelled);
+    return false;
+  }
+  return true;
 }
 
 // The newest running request gives its blocks back and waits at the head of the queue.
@@ -91,41 +129,58 @@ void Scheduler::preempt_newest() {
 }
 
 // Starts a waiting request when the pool can hold all it must compute before its first token.
+// Whole prompt blocks found in the prefix cache are taken instead of computed; at least one
+// prompt token is always computed, for the logits of the first generated token.
 bool Scheduler::admit(std::unique_ptr<Active>& a, int budget) {
-  if (int(running_.size()) >= opts_.max_seqs || budget <= 0) return false;
-  if (a->kv.blocks_needed(a->prefill_left() + 1) > engine_.kv().n_free()) return false;
+  int occupied = 0;  // running sequences, with the forks they are still to make
+  for (const auto& r : running_) occupied += r->width();
+  if (occupied + a->width() > opts_.max_seqs || budget <= 0) return false;
+  int cached = 0;
+  if (opts_.prefix_cache)
+    cached = a->kv.attach_cached_prefix(std::span<const int32_t>(a->tokens).first(size_t(a->n_prompt)),
+                                        std::min(a->n_prompt, a->prefill_left() - 1));
+  if (a->kv.blocks_needed(a->prefill_left() + 1) > engine_.kv().n_free()) {
+    a->kv.release();
+    return false;
+  }
   const int n = std::min(a->prefill_left(), budget);
   const bool completes = n == a->prefill_left() && a->n_generated == 0;
   a->item = step_.add(a->kv, std::span<const int32_t>(a->tokens).subspan(size_t(a->kv.n_tokens()), size_t(n)),
                       false, completes ? Step::Output::Last : Step::Output::None, a->wants_logits());
-  if (a->item < 0) return false;
+  if (a->item < 0) {
+    a->kv.release();
+    return false;
+  }
   running_.push_back(std::move(a));
+  std::lock_guard<std::mutex> lock(mu_);
+  counts_.prefix_hit_tokens += cached;
   return true;
 }
 
 void Scheduler::step() {
+  std::vector<uint64_t> cancelled;
   {
     std::lock_guard<std::mutex> lock(mu_);
     while (!incoming_.empty()) {
       waiting_.push_back(std::move(incoming_.front()));
       incoming_.pop_front();
     }
-    for (uint64_t id : cancelled_) {
-      auto match = [&](const std::unique_ptr<Active>& a) { return a && a->id == id; };
-      for (auto* list : {&waiting_}) {
-        auto it = std::find_if(list->begin(), list->end(), match);
-        if (it != list->end()) {
-          finish(**it, FinishReason::Cancelled);
-          list->erase(it);
-        }
+    cancelled.swap(cancelled_);
+  }
+  // Every choice of a cancelled request, waiting or running (callbacks run outside the lock).
+  const auto cancel_in = [&](auto& list) {
+    for (auto it = list.begin(); it != list.end();) {
+      if (std::find(cancelled.begin(), cancelled.end(), (*it)->id) == cancelled.end()) {
+        ++it;
+        continue;
       }
-      auto it = std::find_if(running_.begin(), running_.end(), match);
-      if (it != running_.end()) {
-        finish(**it, FinishReason::Cancelled);
-        running_.erase(it);
-      }
+      finish(**it, FinishReason::Cancelled);
+      it = list.erase(it);
     }
-    cancelled_.clear();
+  };
+  if (!cancelled.empty()) {
+    cancel_in(waiting_);
+    cancel_in(running_);
   }
 
   step_.clear();
@@ -169,30 +224,27 @@ void Scheduler::step() {
   if (!step_.empty()) {
     step_.run();
     std::vector<size_t> done;
+    std::vector<std::unique_ptr<Active>> forks;
     int64_t prompt_done = 0, generated = 0;
     for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];
-      if (a.item < 0 || step_.argmax(a.item).empty()) continue;
+      if (a.item < 0) continue;
+      // Only prompt positions are offered: generated ones ran on the decode kernels.
+      if (opts_.prefix_cache)
+        a.kv.cache_full_blocks(std::span<const int32_t>(a.tokens).first(size_t(std::min(a.n_prompt, a.kv.n_tokens()))));
+      if (step_.argmax(a.item).empty()) continue;
       if (a.n_generated == 0) prompt_done += a.n_prompt;
       const std::span<const float> logits = a.wants_logits() ? step_.logits(a.item) : std::span<const float>();
-      const int32_t token = plain_greedy(a.req.sampling) ? step_.argmax(a.item)[0] : a.sampler.sample(logits, a.tokens);
-      const bool is_end = !a.req.ignore_eos &&
-                          std::find(opts_.end_tokens.begin(), opts_.end_tokens.end(), token) != opts_.end_tokens.end();
-      if (is_end) {
-        finish(a, FinishReason::Stop);
-        done.push_back(i);
-        continue;
+      const int32_t argmax = step_.argmax(a.item)[0];
+      // The other choices start from the same prompt KV and the same logits.
+      while (a.forks_pending > 0) {
+        auto f = std::make_unique<Active>(a.id, a.req, a.req->n - a.forks_pending--, a.kv.fork(a.kv.n_tokens()));
+        if (accept(*f, f->pick(argmax, logits), logits, generated)) forks.push_back(std::move(f));
       }
-      a.tokens.push_back(token);
-      ++a.n_generated;
-      ++generated;
-      const bool keep_going = !a.req.on_token || a.req.on_token(token, a.req.want_logits ? logits : std::span<const float>());
-      if (!keep_going || a.n_generated >= a.req.max_tokens) {
-        finish(a, keep_going ? FinishReason::Length : FinishReason::Cancelled);
-        done.push_back(i);
-      }
+      if (!accept(a, a.pick(argmax, logits), logits, generated)) done.push_back(i);
     }
     for (auto it = done.rbegin(); it != done.rend(); ++it) running_.erase(running_.begin() + ptrdiff_t(*it));
+    for (auto& f : forks) running_.push_back(std::move(f));
     std::lock_guard<std::mutex> lock(mu_);
     counts_.prompt_tokens += prompt_done;
     counts_.generated_tokens += generated;
@@ -201,6 +253,9 @@ void Scheduler::step() {
   std::lock_guard<std::mutex> lock(mu_);
   counts_.running = int(running_.size());
   counts_.waiting = int(waiting_.size() + incoming_.size());
+  counts_.kv_total = engine_.kv().n_blocks();
+  counts_.kv_used = engine_.kv().n_used();
+  counts_.kv_cached = engine_.kv().n_cached();
 }
 
 }  // namespace minfer
