@@ -92,18 +92,17 @@ __device__ __forceinline__ float silu_mul(float g, float u) { return (g / (1.0f 
 
 // q4_K / q5_K: d * sc and dmin * m of one sub-block (per row; shared by every token).
 __device__ __forceinline__ float qk_scale(float d, int sc) { return __fmul_rn(d, __int2float_rn(sc)); }
-// isum = sum of q * a over the sub-block, asum = the activation block's sum, da its scale; the
-// integers as f32 (exact: they stay below 2^24).
-__device__ __forceinline__ float term_qk(float d_sc, float dmin_m, float isum, float asum, float da) {
-  return __fmul_rn(da, __fmaf_rn(d_sc, isum, -__fmul_rn(dmin_m, asum)));
+// isum = sum of q * a over the sub-block, asum = the activation block's sum, da its scale.
+__device__ __forceinline__ float term_qk(float d_sc, float dmin_m, int isum, int asum, float da) {
+  return __fmul_rn(da, __fmaf_rn(d_sc, __int2float_rn(isum), -__fmul_rn(dmin_m, __int2float_rn(asum))));
 }
 // q6_K: scaled = sc_lo * isum_lo + sc_hi * isum_hi over the sub-block's two 16-element halves.
 __device__ __forceinline__ float term_q6k(float d, int scaled, float da) {
   return __fmul_rn(__fmul_rn(d, da), __int2float_rn(scaled));
 }
-// q8_0: one block (isum as f32, exact).
-__device__ __forceinline__ float term_q8_0(float d, float isum, float da) {
-  return __fmul_rn(__fmul_rn(d, da), isum);
+// q8_0: one block.
+__device__ __forceinline__ float term_q8_0(float d, int isum, float da) {
+  return __fmul_rn(__fmul_rn(d, da), __int2float_rn(isum));
 }
 
 // ---- dot-product units of the warp-per-row-pair kernel ------------------------------------------
@@ -175,8 +174,8 @@ struct UnitQK45 {
     k_scale_min(h, 2 * c, sc0, m0);
     k_scale_min(h, 2 * c + 1, sc1, m1);
     const float d = h2f(uint16_t(h.x)), dmin = h2f(uint16_t(h.x >> 16));
-    const float t0 = term_qk(qk_scale(d, sc0), qk_scale(dmin, m0), __int2float_rn(s0), __int2float_rn(a0.sum()), a0.d());
-    const float t1 = term_qk(qk_scale(d, sc1), qk_scale(dmin, m1), __int2float_rn(s1), __int2float_rn(a1.sum()), a1.d());
+    const float t0 = term_qk(qk_scale(d, sc0), qk_scale(dmin, m0), s0, a0.sum(), a0.d());
+    const float t1 = term_qk(qk_scale(d, sc1), qk_scale(dmin, m1), s1, a1.sum(), a1.d());
     return __fadd_rn(t0, t1);
   }
 };
@@ -273,7 +272,7 @@ struct Unit32Pair {
     if constexpr (kQ8) {
 #pragma unroll
       for (int k = 0; k < 8; ++k) s = __dp4a(int(w.q[k]), a.w(k), s);
-      return term_q8_0(w.d, __int2float_rn(s), a.d());
+      return term_q8_0(w.d, s, a.d());
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
