@@ -492,6 +492,14 @@ void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_
 constexpr int kAttnWarps = 4;
 constexpr int kAttnUnroll = 4;
 
+// Positions per split for a sequence of len positions: at most n_splits slices, each at least one
+// iteration of the block (4 warps x U loads of 32 / (HD / 8) positions). A function of the length
+// alone, so a token's bits do not depend on the batch; splits past the length are empty and skipped.
+template <int HD>
+__device__ __forceinline__ int attn_split_chunk(int len, int n_splits) {
+  return max((len + n_splits - 1) / n_splits, kAttnWarps * kAttnUnroll * (32 / (HD / 8)));
+}
+
 __device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
@@ -514,8 +522,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   const int len = p.positions[t] + 1;
   const int32_t* table = p.tables + p.table_offsets[t];
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
-  const int chunk = max((len + p.n_splits - 1) / p.n_splits, NW * PW);
+  const int chunk = attn_split_chunk<HD>(len, p.n_splits);
   const int start = split * chunk, end = min(len, start + chunk);
+  if (start >= len) return;  // an empty split (uniform over the block): the combine skips it
   const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
   const int qw = p.n_head * HD;
 
@@ -661,11 +670,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 template <int HD>
 __global__ void attn_combine_kernel(const AttnParams p) {
   extern __shared__ float ml[];  // m (then the weight) of each split, then l of each split
-  const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x, S = p.n_splits;
+  const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+  const int len = p.positions[t] + 1;
+  const int chunk = attn_split_chunk<HD>(len, p.n_splits);
+  const int S = min(p.n_splits, (len + chunk - 1) / chunk);  // the splits that hold positions
   float *w_s = ml, *l_s = ml + S;
   const float* part_acc = p.part;
-  const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * S * HD;
-  const size_t base = (size_t(t) * p.n_head + qh) * S;
+  const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
+  const size_t base = (size_t(t) * p.n_head + qh) * p.n_splits;
   for (int s = tid; s < S; s += HD) {
     w_s[s] = part_ml[2 * (base + s)];
     l_s[s] = part_ml[2 * (base + s) + 1];
