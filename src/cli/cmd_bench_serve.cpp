@@ -1,9 +1,9 @@
 // `minfer bench-serve`: a load generator for any OpenAI-compatible server (minfer serve,
 // llama-server, vLLM), reporting as vLLM's benchmark_serving does. For each concurrency level, that
-// many client threads (each with its own keep-alive connection) send streamed /v1/completions
-// requests back to back until the level's request count is reached. TTFT: request sent -> first
-// text chunk; TPOT: (latency - TTFT) / (output tokens - 1); ITL: every gap between text chunks,
-// pooled; output throughput: generated tokens / the level's wall time.
+// many client threads (each with its own keep-alive connection, opened by a GET /v1/models) send
+// streamed /v1/completions requests back to back until the level's request count is reached.
+// TTFT: request sent -> first text chunk; TPOT: (latency - TTFT) / (output tokens - 1); ITL: every
+// gap between text chunks, pooled; output throughput: generated tokens / the level's wall time.
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -53,6 +53,18 @@ std::unique_ptr<httplib::Client> connect(const Target& t) {
   c->set_write_timeout(60);
   if (!t.api_key.empty()) c->set_bearer_token_auth(t.api_key);
   return c;
+}
+
+// Opens a client's keep-alive connection with a request that is safe to repeat (GET /v1/models),
+// so that a generation request is only ever sent on a connection the server has accepted and
+// answered. A server whose accept queue overflows answers with SYN cookies; when the first
+// segment of a request is dropped there, the next fails the cookie check and the connection is
+// reset: that costs a retry here instead of a failed request.
+// Later requests reuse the connection; httplib checks it before sending and reconnects when the
+// server has closed it (its keep-alive timeout), so a request is never sent on a closed one.
+void open_connection(httplib::Client& c, const Target& t) {
+  for (int attempt = 0; attempt < 3; ++attempt)
+    if (c.Get(t.prefix + "/v1/models")) return;  // any HTTP answer: the connection is up
 }
 
 // Words that are one token each in common BPE vocabularies (with their leading space).
@@ -233,6 +245,7 @@ LevelResult run_level(const Target& t, const Options& o, int concurrency, int n_
   for (int c = 0; c < concurrency; ++c)
     clients.emplace_back([&] {
       auto client = connect(t);
+      open_connection(*client, t);
       for (int i; (i = next++) < n_requests;)
         results[size_t(i)] = send_request(*client, t, o, random_prompt(o.prompt_words, o.seed + uint64_t(i)), o.max_tokens);
     });

@@ -1,6 +1,7 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
+#include <sys/socket.h>
 
 #include <cerrno>
 #include <chrono>
@@ -215,6 +216,10 @@ void HttpServer::routes() {
   const size_t threads = size_t(opts_.threads);
   s.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.set_tcp_nodelay(true);  // a streamed token must not wait for the previous one's ACK
+  s.set_socket_options([this](socket_t sock) {  // called for the listening socket only
+    httplib::default_socket_options(sock);
+    listen_socket_ = sock;
+  });
   s.set_keep_alive_max_count(100000);
   s.set_payload_max_length(opts_.max_body_bytes);
 
@@ -293,6 +298,9 @@ void HttpServer::routes() {
 int HttpServer::bind() {
   const int port = opts_.port == 0 ? http_->bind_to_any_port(opts_.host) : (http_->bind_to_port(opts_.host, opts_.port) ? opts_.port : -1);
   if (port < 0) fail("cannot listen on ", opts_.host, ":", opts_.port, ": ", std::strerror(errno));
+  // httplib listened with a backlog of 5; listen() again on the listening socket sets the backlog.
+  if (listen_socket_ < 0 || ::listen(listen_socket_, kListenBacklog) != 0)
+    fail("cannot set the listen backlog of ", opts_.host, ":", port, ": ", std::strerror(errno));
   return port;
 }
 

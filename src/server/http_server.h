@@ -18,6 +18,13 @@ class Server;
 
 namespace minfer::server {
 
+// Connections the kernel completes and queues for accept(). httplib 0.11 listens with 5
+// (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's library): a burst of clients connecting at
+// once overflows that queue: the kernel drops SYNs (a client waits a 1 s retransmit) and answers
+// others with SYN cookies; when a request's first segment is dropped, its next one fails the
+// cookie check and the connection is reset (bench-serve at 64 clients: "failure: Read").
+constexpr int kListenBacklog = 4096;
+
 struct HttpOptions {
   std::string host = "127.0.0.1";
   int port = 8080;                 // 0: any free port
@@ -40,7 +47,8 @@ class HttpServer {
  public:
   HttpServer(HttpOptions opts, ServerMetrics& metrics);
   ~HttpServer();
-  // Binds the listening socket and returns its port; throws minfer::Error when it cannot.
+  // Binds the listening socket and returns its port; throws minfer::Error when it cannot. Its
+  // accept queue holds kListenBacklog connections (capped by net.core.somaxconn).
   int bind();
   // Serves until stop(); /health answers 503 until set_model.
   void serve();
@@ -57,6 +65,7 @@ class HttpServer {
   std::unique_ptr<httplib::Server> http_;
   std::atomic<const ServingModel*> model_{nullptr};
   std::atomic<bool> stopping_{false};
+  int listen_socket_ = -1;  // the socket httplib binds, seen through its socket-options hook
 };
 
 }  // namespace minfer::server
