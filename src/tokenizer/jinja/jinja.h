@@ -17,6 +17,17 @@
 
 namespace minfer::jinja {
 
+// Limits that keep an untrusted template (it comes from a model file) from hanging the process or
+// exhausting memory. Each one ends the parse or render with a TemplateError that names it.
+// Real chat templates stay far below them: a 1,000-message conversation with tools renders in
+// well under 1% of the step budget.
+inline constexpr size_t kMaxTemplateBytes = size_t(1) << 20;  // template source
+inline constexpr uint64_t kMaxRenderSteps = 10'000'000;      // work units of one render (budget.h)
+inline constexpr size_t kMaxRenderBytes = size_t(16) << 20;   // the output, and any string built
+inline constexpr size_t kMaxSequence = 1'000'000;             // range() and list lengths
+inline constexpr int kMaxMacroDepth = 256;                    // nested macro calls
+inline constexpr int kMaxValueNesting = 100;                  // lists/dicts in lists/dicts, when stored
+
 // Parse errors ("line L, column C: ...") and runtime errors ("line L: ...").
 class TemplateError : public Error {
  public:
@@ -124,8 +135,9 @@ class Template {
   // Throws TemplateError naming the line and column of the first syntax error.
   static Template parse(std::string_view source);
   // Globals range, dict, namespace, raise_exception and strftime_now are always present;
-  // context entries override them.
-  std::string render(const Context& context) const;
+  // context entries override them. max_steps: the step budget (lower only to fail faster, as the
+  // fuzzer does).
+  std::string render(const Context& context, uint64_t max_steps = kMaxRenderSteps) const;
 
   struct Impl;
 
