@@ -28,7 +28,7 @@ class RenderBudget {
 };
 
 // Scanning or copying bytes is far cheaper than interpreting a statement: this many make a step.
-inline constexpr size_t kBytesPerStep = 256;
+inline constexpr size_t kBytesPerStep = 16;
 
 void charge(uint64_t steps);  // throws TemplateError once the render has spent its max_steps
 inline void charge_bytes(size_t n) { charge(1 + n / kBytesPerStep); }

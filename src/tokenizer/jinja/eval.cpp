@@ -39,12 +39,6 @@ void check_nesting(const Value& v) {
     type_fail(str_cat("value nested deeper than ", kMaxValueNesting, " levels (or containing itself)"));
 }
 
-// A read of a variable, attribute or item copies the value: a string costs its bytes.
-Value charged(Value v) {
-  if (v.is_string()) charge_bytes(v.str().size());
-  return v;
-}
-
 // Python ints are unbounded; ours are 64-bit, so a result that does not fit is an error, never
 // a wrapped value (or undefined behaviour).
 [[noreturn]] void overflow_fail() { type_fail("integer result does not fit in 64 bits"); }
@@ -92,7 +86,7 @@ Array string_chars(const std::string& s) {
   Array out;
   const std::u32string chars = pystr::decode(s);
   charge(chars.size());
-  for (char32_t c : chars) out.emplace_back(pystr::encode(std::u32string(1, c)));
+  for (char32_t c : chars) out.emplace_back(pystr::encode(std::u32string_view(&c, 1)));
   return out;
 }
 
@@ -330,10 +324,12 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     charge(1 + total / (a.is_string() ? kBytesPerStep : 1));
     if (a.is_string()) {
       std::string out;
+      out.reserve(size_t(total));
       for (int64_t i = 0; i < n; ++i) out += a.str();
       return out;
     }
     Array out;
+    out.reserve(size_t(total));
     for (int64_t i = 0; i < n; ++i) out.insert(out.end(), a.array().begin(), a.array().end());
     return out;
   }
@@ -409,6 +405,7 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
     Array options = p->is_array() ? p->array() : Array{*p};
     for (auto& opt : options) {
       std::string o = need_string(opt, "startswith/endswith argument");
+      charge_bytes(o.size());
       if (o.size() <= s.size() && s.compare(prefix ? 0 : s.size() - o.size(), o.size(), o) == 0) return true;
     }
     return false;
@@ -467,12 +464,14 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
   }
   if (name == "removeprefix" || name == "removesuffix") {
     std::string affix_str = need_string(arg_or(a, 0, "affix", ""), "affix");
+    charge_bytes(s.size());
     bool pre = name == "removeprefix";
     if (affix_str.size() <= s.size() && s.compare(pre ? 0 : s.size() - affix_str.size(), affix_str.size(), affix_str) == 0)
       return pre ? s.substr(affix_str.size()) : s.substr(0, s.size() - affix_str.size());
     return s;
   }
   if (name == "format") {
+    charge_bytes(s.size());
     std::string out;
     size_t next_auto = 0;
     for (size_t i = 0; i < s.size(); ++i) {
@@ -503,6 +502,7 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
   if (name == "isalpha") return all([&](char32_t c) { return ascii(c, ::isalpha); });
   if (name == "isalnum") return all([&](char32_t c) { return ascii(c, ::isalnum); });
   if (name == "isspace") return all([](char32_t c) { return pystr::is_space(c); });
+  charge_bytes(s.size());
   bool has_lower = s.find_first_of("abcdefghijklmnopqrstuvwxyz") != std::string::npos;
   bool has_upper = s.find_first_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ") != std::string::npos;
   if (name == "islower") return has_lower && !has_upper;
@@ -569,6 +569,7 @@ Value round_value(const Value& v, CallArgs& a) {
 }
 
 std::string html_escape(const std::string& s) {
+  charge_bytes(s.size());
   std::string out;
   for (char c : s) {
     switch (c) {
@@ -900,16 +901,16 @@ Value DictExpr::eval(Runtime& rt, const FramePtr& frame) const {
 }
 
 Value NameExpr::eval(Runtime&, const FramePtr& frame) const {
-  if (const Value* v = frame->lookup(name)) return charged(*v);
+  if (const Value* v = frame->lookup(name)) return *v;
   return Undefined{"'" + name + "' is undefined"};
 }
 
 Value AttrExpr::eval(Runtime& rt, const FramePtr& frame) const {
-  return charged(get_attr(object->eval(rt, frame), name));
+  return get_attr(object->eval(rt, frame), name);
 }
 
 Value ItemExpr::eval(Runtime& rt, const FramePtr& frame) const {
-  return charged(get_item(object->eval(rt, frame), index->eval(rt, frame)));
+  return get_item(object->eval(rt, frame), index->eval(rt, frame));
 }
 
 Value SliceExpr::eval(Runtime& rt, const FramePtr& frame) const {

@@ -45,7 +45,7 @@ bool truthy(const Value& v) {
         else if constexpr (std::is_same_v<T, bool>) return x;
         else if constexpr (std::is_same_v<T, int64_t>) return x != 0;
         else if constexpr (std::is_same_v<T, double>) return x != 0.0;
-        else if constexpr (std::is_same_v<T, std::string>) return !x.empty();
+        else if constexpr (std::is_same_v<T, SharedString>) return !x->empty();
         else if constexpr (std::is_same_v<T, std::shared_ptr<Array>>) return !x->empty();
         else if constexpr (std::is_same_v<T, std::shared_ptr<Object>>)
           return x->kind != Object::Kind::Dict || !x->entries.empty();
@@ -116,13 +116,14 @@ std::string string_repr(const std::string& s) {
       else std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
       out += b;
     } else {
-      out += pystr::encode(std::u32string(1, c));
+      out += pystr::encode(std::u32string_view(&c, 1));
     }
   }
   return out + quote;
 }
 
 std::string json_string(const std::string& s) {
+  detail::charge_bytes(s.size());
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
@@ -486,6 +487,7 @@ int64_t find(std::string_view s, std::string_view sub, bool reverse) {
 }
 
 size_t length(std::string_view s) {
+  detail::charge_bytes(s.size());
   size_t n = 0;
   for (unsigned char c : s) n += (c & 0xc0) != 0x80;
   return n;
