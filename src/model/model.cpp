@@ -33,11 +33,12 @@ Arch parse_arch(const std::string& path, const std::string& name) {
   fail(path, ": unsupported architecture '", name, "' (supported: llama, mistral, qwen2, qwen3)");
 }
 
-// Metadata integers that size buffers: must be positive and fit an int.
+// Metadata integers that size buffers, checked before they narrow to int (2^32 + 2 must not
+// become 2); validate_hparams checks them again with the rest.
 int positive_int(const gguf::File& f, const std::string& key, std::optional<int64_t> def = {}) {
   const int64_t v = f.get_int(key, def);
   if (v <= 0 || v > kMaxHParam)
-    fail(f.path(), ": metadata ", key, " = ", v, " is out of range (1 .. 2^30)");
+    fail(f.path(), ": ", key, " = ", v, " is out of range: it must be an integer in [1, ", kMaxHParam, "]");
   return int(v);
 }
 

@@ -112,9 +112,10 @@ OutputFile::OutputFile(const std::string& target) : target_(target), final_path_
   }
   if (exists) (void)::fchmod(fd, st.st_mode & 07777);  // best effort: the new file looks like the old one
   stream_ = ::fdopen(fd, "wb");
-  if (!stream_) {
+  if (!stream_) {  // the destructor will not run: remove what this constructor created
     const int err = errno;
     ::close(fd);
+    ::unlink(temp_path_.c_str());
     fail(target, ": cannot open a stream: ", std::strerror(err));
   }
 }

@@ -1137,10 +1137,14 @@ Flow MacroStmt::exec(Runtime& rt, const FramePtr& frame, std::string& out) const
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const Value* given = arg(a, i, params[i].first);
-      if (given) check_nesting(*given);
-      if (given) scope->vars[params[i].first] = *given;
-      else if (params[i].second) scope->vars[params[i].first] = params[i].second->eval(*runtime, scope);
-      else scope->vars[params[i].first] = Undefined{"parameter '" + params[i].first + "' was not provided"};
+      if (given) {
+        check_nesting(*given);
+        scope->vars[params[i].first] = *given;
+      } else if (params[i].second) {
+        scope->vars[params[i].first] = params[i].second->eval(*runtime, scope);
+      } else {
+        scope->vars[params[i].first] = Undefined{"parameter '" + params[i].first + "' was not provided"};
+      }
     }
     if (++runtime->macro_depth > kMaxMacroDepth) {
       type_fail("macro recursion deeper than " + std::to_string(kMaxMacroDepth));
