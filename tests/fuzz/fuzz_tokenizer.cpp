@@ -44,13 +44,24 @@ std::string unescape(std::string_view s) {
   return out;
 }
 
+// Well-formed UTF-8 as RFC 3629 defines it: no overlong forms (C0 80), surrogates (ED A0 80) or
+// code points above U+10FFFF, written out here so that the check does not share code with the
+// decoder it checks.
 bool valid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const unsigned char c = s[i];
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-    if (len == 0 || i + len > s.size()) return false;
-    for (size_t k = 1; k < len; ++k)
-      if ((static_cast<unsigned char>(s[i + k]) & 0xc0) != 0x80) return false;
+    size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
+    if (c < 0x80) len = 1;
+    else if (c >= 0xc2 && c <= 0xdf) len = 2;
+    else if (c >= 0xe0 && c <= 0xef) len = 3, lo = c == 0xe0 ? 0xa0 : 0x80, hi = c == 0xed ? 0x9f : 0xbf;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, lo = c == 0xf0 ? 0x90 : 0x80, hi = c == 0xf4 ? 0x8f : 0xbf;
+    else return false;
+    if (i + len > s.size()) return false;
+    for (size_t k = 1; k < len; ++k) {
+      const unsigned char cc = s[i + k];
+      if (k == 1 ? cc < lo || cc > hi : (cc & 0xc0) != 0x80) return false;
+    }
     i += len;
   }
   return true;
