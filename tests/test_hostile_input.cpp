@@ -4,7 +4,6 @@
 // hang run under `timeout`, so a regression fails instead of stalling the suite.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -156,7 +155,9 @@ TEST(HostileInput, ChatSurvivesAHostileTemplate) {
       gguf::Value::from_string("{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}"));
   const Result r = minfer("chat -m " + hostile + " -n 4 --backend cpu", "printf 'hello\\n' | ");
   EXPECT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("rendering needs more than 10000000 steps"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rendering needs more than " + std::to_string(jinja::kMaxRenderSteps) + " steps"),
+            std::string::npos)
+      << r.out;
 }
 
 // ---- silent wrong results -----------------------------------------------------------------------
