@@ -197,5 +197,108 @@ TEST(ChatTemplate, MessagesAndChatmlFallback) {
             render_chatml(msgs, true));
 }
 
+std::string render_error(const std::string& src, uint64_t max_steps = jinja::kMaxRenderSteps) {
+  try {
+    jinja::Template::parse(src).render({}, max_steps);
+  } catch (const jinja::TemplateError& e) {
+    return e.what();
+  }
+  return "(rendered)";
+}
+
+// A template is untrusted input inside the model file: whatever it does, rendering ends with
+// output or with one TemplateError naming the limit, in bounded time and memory.
+TEST(ChatTemplateLimits, NestedLoopsRunOutOfSteps) {
+  const std::string e = render_error(
+      "{% for a in range(100000) %}{% for b in range(100000) %}{{ a }}{% endfor %}{% endfor %}");
+  EXPECT_NE(e.find("rendering needs more than " + std::to_string(jinja::kMaxRenderSteps) + " steps"),
+            std::string::npos)
+      << e;
+  // Work hidden inside one statement counts too: comparing, serializing and scanning big values.
+  for (const char* src : {"{% set x = range(100000)|list %}{% for i in range(1000) %}{% if x == x %}{% endif %}{% endfor %}",
+                          "{% set x = range(100000)|list %}{% for i in range(1000) %}{{ x|tojson|length }}{% endfor %}",
+                          "{% set s = 'a' * 1000000 %}{% for i in range(100000) %}{% if 'b' in s %}{% endif %}{% endfor %}",
+                          "{% set x = range(2000)|list %}{% for i in range(1000) %}{{ x|unique|length }}{% endfor %}"}) {
+    const std::string err = render_error(src);
+    EXPECT_NE(err.find("steps, the limit for one render"), std::string::npos) << src << ": " << err;
+  }
+}
+
+TEST(ChatTemplateLimits, OutputAndBuiltStringsAreBounded) {
+  std::string e = render_error("{% for i in range(100) %}{{ 'x' * 1000000 }}{% endfor %}");
+  EXPECT_NE(e.find("the output would be"), std::string::npos) << e;
+  EXPECT_NE(e.find("limit of " + std::to_string(jinja::kMaxRenderBytes) + " bytes"), std::string::npos) << e;
+  e = render_error("{% set ns = namespace(s='x') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}");
+  EXPECT_NE(e.find("the ~ result would be"), std::string::npos) << e;
+  e = render_error("{{ ('x' * 4000).replace('x', 'y' * 10000) }}");
+  EXPECT_NE(e.find("replace() result would be"), std::string::npos) << e;
+  e = render_error("{{ 'x'|indent(100000000000) }}");
+  EXPECT_NE(e.find("the indent would be"), std::string::npos) << e;
+  e = render_error("{{ 'ab' * 10000000 }}");
+  EXPECT_NE(e.find("the repetition result would be 20000000 bytes"), std::string::npos) << e;
+  e = render_error("{{ [1, 2] * 1000000 }}");
+  EXPECT_NE(e.find("the repetition result would have 2000000 elements, more than the limit of " +
+                   std::to_string(jinja::kMaxSequence)),
+            std::string::npos)
+      << e;
+  e = render_error("{{ range(2000000)|list }}");
+  EXPECT_NE(e.find("the range() result would have 2000000 elements"), std::string::npos) << e;
+  e = render_error("{{ ('a,' * 2000000).split(',')|length }}");
+  EXPECT_NE(e.find("the split() result would have 1000001 elements"), std::string::npos) << e;
+  EXPECT_NE(parse_error(std::string(jinja::kMaxTemplateBytes + 1, 'x'))
+                .find("bytes, more than the limit of " + std::to_string(jinja::kMaxTemplateBytes)),
+            std::string::npos);
+}
+
+// Only stored values can be wrapped again and again, so storing checks their depth; a namespace
+// that contains itself is the same case.
+TEST(ChatTemplateLimits, ValuesNestOnlySoDeep) {
+  for (const char* src : {"{% set ns = namespace(x=[]) %}{% for i in range(1000) %}{% set ns.x = [ns.x] %}{% endfor %}",
+                          "{% set ns = namespace(a=1) %}{% set ns.self = ns %}{{ ns }}",
+                          "{% set a = namespace() %}{% set b = namespace(a=a) %}{% set a.b = b %}"}) {
+    const std::string e = render_error(src);
+    EXPECT_NE(e.find("nested deeper than " + std::to_string(jinja::kMaxValueNesting) + " levels (or containing itself)"),
+              std::string::npos)
+        << src << ": " << e;
+  }
+  EXPECT_EQ(render("{% set ns = namespace(x=[]) %}{% for i in range(3) %}{% set ns.x = [ns.x] %}{% endfor %}{{ ns.x }}"),
+            "[[[[]]]]");
+}
+
+// Python ints are unbounded, ours 64-bit: a result that does not fit is an error, not a wrapped
+// number (or undefined behaviour), and a huge exponent does not loop.
+TEST(ChatTemplateLimits, IntegerArithmeticNeverOverflows) {
+  for (const char* src : {"{{ 2 ** 64 }}", "{{ 9223372036854775807 + 1 }}", "{{ -9223372036854775807 - 2 }}",
+                          "{{ 4611686018427387904 * 2 }}", "{{ (-9223372036854775807 - 1) // -1 }}",
+                          "{{ -(-9223372036854775807 - 1) }}", "{{ (-9223372036854775807 - 1)|abs }}",
+                          "{{ 3 ** 1000000000000000000 }}"}) {
+    const std::string e = render_error(src);
+    EXPECT_NE(e.find("integer result does not fit in 64 bits"), std::string::npos) << src << ": " << e;
+  }
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ (-2) ** 3 }} {{ 1 ** 1000000000000000000 }} {{ -7 // 2 }} {{ -7 % 3 }}"),
+            "4611686018427387904 -8 1 -4 2");
+  EXPECT_EQ(render("{{ range(-9223372036854775807, 9223372036854775807, 4611686018427387904)|list }}"),
+            "[-9223372036854775807, -4611686018427387903, 1, 4611686018427387905]");
+  EXPECT_EQ(render("{{ '' * 1000000000000000000 }}{{ 1e300|int }}{{ [1, 2, 3][::9223372036854775807] }}"), "0[1]");
+}
+
+// The limits leave real templates room: a long conversation with tools through Qwen3's template
+// uses under 1% of the step budget.
+TEST(ChatTemplateLimits, RealTemplatesStayFarBelowTheBudget) {
+  Json messages = Json::array();
+  for (int i = 0; i < 500; ++i) {
+    messages.push_back({{"role", "user"}, {"content", "Question " + std::to_string(i) + ": what is the weather?"}});
+    messages.push_back({{"role", "assistant"}, {"content", "<think>\nLet me see.\n</think>\n\nSunny, " + std::to_string(i)}});
+  }
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "description": "Weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  const jinja::Context ctx = {{"messages", json_to_value(messages)},
+                              {"tools", json_to_value(tools)},
+                              {"add_generation_prompt", true}};
+  const std::string out =
+      jinja::Template::parse(slurp(chat_dir() / "templates" / "qwen3.jinja")).render(ctx, jinja::kMaxRenderSteps / 100);
+  EXPECT_NE(out.find("Sunny, 499"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace minfer

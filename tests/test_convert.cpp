@@ -170,6 +170,36 @@ TEST(Convert, PermutesLlamaQKRowsAndMapsConfig) {
   EXPECT_THROW(convert::convert_hf(opts), Error);
 }
 
+// 64-bit and out-of-range hyperparameters are refused by name, never narrowed to int (2^32 + 2
+// layers used to become 2) or written into a file that would load as NaNs.
+TEST(Convert, RefusesOutOfRangeHyperparameters) {
+  const fs::path dir = test::temp_dir("conv-range");
+  const json base = {{"architectures", {"LlamaForCausalLM"}}, {"hidden_size", 64}, {"num_hidden_layers", 2},
+                     {"num_attention_heads", 4}, {"intermediate_size", 128}, {"vocab_size", 512}};
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"num_hidden_layers", (int64_t(1) << 32) + 2}}, "num_hidden_layers = 4294967298 is out of range"},
+      {{{"hidden_size", -64}}, "hidden_size = -64 is out of range"},
+      {{{"vocab_size", 0}}, "vocab_size = 0 is out of range"},
+      {{{"max_position_embeddings", 1.5}}, "max_position_embeddings = 1.5 is out of range"},
+      {{{"rms_norm_eps", 0}}, "attention.layer_norm_rms_epsilon = 0 is out of range"},
+      {{{"rms_norm_eps", 1e-60}}, "attention.layer_norm_rms_epsilon = 0 is out of range"},  // 0 as a float
+      {{{"rope_theta", 0}}, "rope.freq_base = 0 is out of range"},
+      {{{"rope_theta", 1e300}}, "rope.freq_base = inf is out of range"},
+      {{{"rope_scaling", {{"rope_type", "linear"}, {"factor", 1e300}}}}, "rope.scaling.factor = inf is out of range"},
+  };
+  for (const auto& [change, expected] : cases) {
+    json cfg = base;
+    cfg.update(change);
+    std::ofstream(dir / "config.json") << cfg.dump();
+    try {
+      convert::read_hf_config(dir.string());
+      ADD_FAILURE() << cfg.dump() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Convert, ReadsTransformers5RopeParameters) {
   const fs::path dir = test::temp_dir("conv-cfg");
   const json cfg = {{"architectures", {"Qwen3ForCausalLM"}}, {"hidden_size", 64}, {"num_hidden_layers", 2},

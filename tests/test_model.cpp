@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <map>
 
 #include "model/model.h"
@@ -171,6 +173,50 @@ TEST(Model, HeadCountNotMultipleOfKvHeads) {
   r.extra_keys = [](gguf::Writer& w) { w.set("llama.attention.head_count_kv", gguf::Value::from_u32(3)); };
   const std::string e = load_error(r);
   EXPECT_NE(e.find("head_count_kv 3"), std::string::npos) << e;
+}
+
+// Every hyperparameter is range-checked at load: a NaN epsilon or a zero rope base used to load
+// and produce NUL bytes (NaN logits) instead of an error.
+TEST(Model, OutOfRangeHyperparametersAreRefusedByName) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::string key;
+    gguf::Value value;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"llama.attention.layer_norm_rms_epsilon", gguf::Value::from_f32(nan), "attention.layer_norm_rms_epsilon = nan"},
+      {"llama.attention.layer_norm_rms_epsilon", gguf::Value::from_f32(0), "attention.layer_norm_rms_epsilon = 0"},
+      {"llama.attention.layer_norm_rms_epsilon", gguf::Value::from_f32(-1e-5f), "attention.layer_norm_rms_epsilon = -1e-05"},
+      {"llama.attention.layer_norm_rms_epsilon", gguf::Value::from_f32(inf), "attention.layer_norm_rms_epsilon = inf"},
+      {"llama.rope.freq_base", gguf::Value::from_f32(0), "rope.freq_base = 0"},
+      {"llama.rope.freq_base", gguf::Value::from_f32(nan), "rope.freq_base = nan"},
+      {"llama.rope.freq_base", gguf::Value::from_f64(1e300), "rope.freq_base = inf"},  // overflows float
+      {"llama.rope.scaling.factor", gguf::Value::from_f32(inf), "rope.scaling.factor = inf"},
+      {"llama.rope.scaling.factor", gguf::Value::from_f32(0), "rope.scaling.factor = 0"},
+      {"llama.rope.scaling.factor", gguf::Value::from_f32(-2), "rope.scaling.factor = -2"},
+      {"llama.context_length", gguf::Value::from_u64(uint64_t(1) << 32), "llama.context_length = 4294967296"},
+      {"llama.attention.head_count", gguf::Value::from_i32(-4), "llama.attention.head_count = -4"},
+  };
+  for (const Case& c : cases) {
+    Recipe r;
+    r.extra_keys = [&](gguf::Writer& w) {
+      w.set(c.key, c.value);
+      if (c.key == "llama.rope.scaling.factor") w.set("llama.rope.scaling.type", gguf::Value::from_string("linear"));
+    };
+    const std::string e = load_error(r);
+    EXPECT_NE(e.find(c.expected), std::string::npos) << c.key << ": " << e;
+    EXPECT_NE(e.find("out of range"), std::string::npos) << c.key << ": " << e;
+  }
+}
+
+// block_count is only bounded by 2^30: the loader must not allocate for all of them before it
+// finds the file has two layers.
+TEST(Model, HugeBlockCountFailsAtTheFirstMissingLayer) {
+  Recipe r;
+  r.extra_keys = [](gguf::Writer& w) { w.set("llama.block_count", gguf::Value::from_u32(1u << 30)); };
+  const std::string e = load_error(r);
+  EXPECT_NE(e.find("missing tensor blk.2.attn_norm.weight"), std::string::npos) << e;
 }
 
 }  // namespace

@@ -3,10 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "sampling/sampler.h"
 #include "support.h"
+#include "util/error.h"
 
 namespace minfer {
 namespace {
@@ -145,6 +149,87 @@ TEST(Sampler, SeededSamplingIsDeterministic) {
 
 TEST(Sampler, Argmax) {
   EXPECT_EQ(argmax(std::vector<float>{-3.0f, 7.0f, 7.0f, 1.0f}), 1);
+}
+
+std::string validation_error(const std::function<void(SamplerParams&)>& change,
+                             const ParamSpelling& spelling = {}) {
+  SamplerParams p;
+  change(p);
+  try {
+    p.validate(spelling);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// One routine for the CLI and a server's request parser: each field against its range (OpenAI's
+// where OpenAI has it), with one message naming the value, the parameter and the range.
+TEST(SamplerParams, ValidateNamesTheParameterAndItsRange) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  struct Case {
+    std::function<void(SamplerParams&)> change;
+    std::string expected;
+  };
+  const std::vector<Case> bad = {
+      {[&](auto& p) { p.temperature = nan; }, "temperature nan is out of range: temperature must be in [0, 2]"},
+      {[&](auto& p) { p.temperature = -1; }, "temperature -1 is out of range: temperature must be in [0, 2]"},
+      {[&](auto& p) { p.temperature = 2.5f; }, "temperature 2.5 is out of range"},
+      {[&](auto& p) { p.top_k = -1; }, "top_k -1 is out of range: top_k must be >= 0 (0: off)"},
+      {[&](auto& p) { p.top_p = 2; }, "top_p 2 is out of range: top_p must be in (0, 1]"},
+      {[&](auto& p) { p.top_p = 0; }, "top_p 0 is out of range: top_p must be in (0, 1]"},
+      {[&](auto& p) { p.min_p = -1; }, "min_p -1 is out of range: min_p must be in [0, 1]"},
+      {[&](auto& p) { p.repeat_penalty = -1; }, "repeat_penalty -1 is out of range: repeat_penalty must be a finite number > 0"},
+      {[&](auto& p) { p.repeat_penalty = 0; }, "repeat_penalty 0 is out of range"},
+      {[&](auto& p) { p.repeat_penalty = nan; }, "repeat_penalty nan is out of range"},
+      {[&](auto& p) { p.repeat_penalty = inf; }, "repeat_penalty inf is out of range"},
+      {[&](auto& p) { p.presence_penalty = 2.5f; }, "presence_penalty 2.5 is out of range: presence_penalty must be in [-2, 2]"},
+      {[&](auto& p) { p.frequency_penalty = inf; }, "frequency_penalty inf is out of range: frequency_penalty must be in [-2, 2]"},
+      {[&](auto& p) { p.frequency_penalty = -inf; }, "frequency_penalty -inf is out of range"},
+      {[&](auto& p) { p.penalty_last_n = -2; }, "repeat_last_n -2 is out of range: repeat_last_n must be >= -1"},
+  };
+  for (const Case& c : bad) EXPECT_NE(validation_error(c.change).find(c.expected), std::string::npos) << c.expected;
+
+  // The ends of every range are allowed.
+  EXPECT_EQ(validation_error([](auto& p) {
+              p.temperature = 0;
+              p.top_k = 0;
+              p.top_p = 1;
+              p.min_p = 0;
+              p.presence_penalty = -2;
+              p.frequency_penalty = 2;
+              p.penalty_last_n = -1;
+            }),
+            "");
+  EXPECT_EQ(validation_error([](auto& p) {
+              p.temperature = 2;
+              p.min_p = 1;
+              p.presence_penalty = 2;
+              p.frequency_penalty = -2;
+            }),
+            "");
+
+  // The caller spells the parameter its own way; the rule stays the same.
+  const ParamSpelling flag = [](std::string_view name) { return name == "top_p" ? "--top-p" : std::string(name); };
+  EXPECT_EQ(validation_error([](auto& p) { p.top_p = 2; }, flag), "--top-p 2 is out of range: top_p must be in (0, 1]");
+  // A sampler cannot be built from invalid parameters at all.
+  SamplerParams p;
+  p.min_p = 2;
+  EXPECT_THROW(Sampler{p}, Error);
+}
+
+TEST(SamplerParams, ParseSeedTakesExactlyTheUint64Range) {
+  EXPECT_EQ(parse_seed("0"), 0u);
+  EXPECT_EQ(parse_seed("18446744073709551615"), std::numeric_limits<uint64_t>::max());
+  for (const char* bad : {"-1", "18446744073709551616", "99999999999999999999999", "", "abc", "1.5", " 1", "0x10", "+1"}) {
+    try {
+      parse_seed(bad);
+      ADD_FAILURE() << "accepted seed '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("seed must be an integer in [0, 18446744073709551615]"), std::string::npos)
+          << e.what();
+    }
+  }
 }
 
 }  // namespace

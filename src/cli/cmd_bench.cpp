@@ -6,17 +6,19 @@
 // ("tg128 x32": aggregate t/s of all B, and the time of one step).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <random>
 #include <sstream>
 
 #include "cli/command.h"
 #include "cli/common.h"
 #include "engine/engine.h"
+#include "gguf/gguf.h"
 #include "util/error.h"
+#include "util/files.h"
 #ifdef MINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -47,12 +49,20 @@ struct Row {
   }
 };
 
-std::vector<int> parse_list(const std::string& s) {
+// "512,4096": token counts, each a decimal integer in [0, 2^30] (far above any context length).
+std::vector<int> parse_counts(const std::string& list, const char* flag) {
+  constexpr int kMaxCount = 1 << 30;
   std::vector<int> out;
-  std::stringstream ss(s);
+  std::stringstream ss(list);
   std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(std::stoi(item));
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    int n = 0;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), n);
+    if (ec != std::errc() || end != item.data() + item.size() || n < 0 || n > kMaxCount)
+      fail(flag, " ", gguf::quoted(item, 40), ": token counts must be integers in [0, ", kMaxCount, "]");
+    out.push_back(n);
+  }
   return out;
 }
 
@@ -111,7 +121,7 @@ class Bench {
       step_.clear();
       for (int b = 0; b < batch; ++b)
         if (step_.add(seqs[size_t(b)], std::span<const int32_t>(&next[size_t(b)], 1), true, Step::Output::Last, false) < 0)
-          fail("bench: no room for ", batch, " sequences at depth ", base_.n_tokens() + i,
+          fail("no room for ", batch, " sequences at depth ", base_.n_tokens() + i,
                " (KV pool of ", engine_.kv().n_blocks(), " blocks)");
       step_.run();
       for (int b = 0; b < batch; ++b) next[size_t(b)] = step_.argmax(b)[0];
@@ -128,7 +138,7 @@ class Bench {
       const bool last = b + m == t.size();
       if (step_.add(seq, std::span<const int32_t>(t).subspan(b, m), false,
                     last ? Step::Output::Last : Step::Output::None, false) < 0)
-        fail("bench: the KV pool has no room for the prompt");
+        fail("the KV pool has no room for the prompt");
       step_.run();
     }
   }
@@ -143,15 +153,13 @@ void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, cons
   std::vector<const Row*> tg;
   for (const Row& r : rows)
     if (r.is_tg && r.batch == 1) tg.push_back(&r);
-  std::ofstream csv(csv_path);
-  if (!csv) fail("cannot write ", csv_path);
+  std::ostringstream csv;
   csv << "depth,tg_tokens,tps_mean,tps_sd\n";
   for (const Row* r : tg) csv << r->depth << "," << r->n << "," << r->mean() << "," << r->sd() << "\n";
   std::string svg_path = csv_path;
   const size_t dot = svg_path.rfind('.');
   svg_path = (dot == std::string::npos ? svg_path : svg_path.substr(0, dot)) + ".svg";
-  std::ofstream svg(svg_path);
-  if (!svg) fail("cannot write ", svg_path);
+  std::ostringstream svg;
   const double W = 640, H = 400, L = 60, R = 20, T = 40, B = 50;
   double max_d = 1, max_t = 1;
   for (const Row* r : tg) {
@@ -178,6 +186,11 @@ void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, cons
   for (const Row* r : tg)
     svg << "<circle cx='" << X(r->depth) << "' cy='" << Y(r->mean()) << "' r='3' fill='steelblue'/>\n";
   svg << "</svg>\n";
+  for (const auto& [path, text] : {std::pair{csv_path, csv.str()}, std::pair{svg_path, svg.str()}}) {
+    OutputFile out(path);
+    out.write(text);
+    out.commit();
+  }
   std::fprintf(stderr, "bench: wrote %s and %s\n", csv_path.c_str(), svg_path.c_str());
 }
 
@@ -200,15 +213,23 @@ int run_bench(int argc, char** argv) {
   app.add_flag("--census", census, "list the kernels of one decode step of the first batch size (CUDA)");
   app.add_option("--sweep", sweep, "write tg t/s against depth to this CSV and an SVG beside it");
   CLI11_PARSE(app, argc, argv);
-  const std::vector<int> ps = parse_list(p_list), ns = parse_list(n_list), ds = parse_list(d_list),
-                         bs = parse_list(b_list);
-  if (ds.empty()) fail("bench: -d needs at least one depth");
-  if (bs.empty()) fail("bench: --batch needs at least one batch size");
+  const std::vector<int> ps = parse_counts(p_list, "-p"), ns = parse_counts(n_list, "-n"),
+                         ds = parse_counts(d_list, "-d"), bs = parse_counts(b_list, "--batch");
+  if (ds.empty()) fail("-d needs at least one depth");
+  if (bs.empty()) fail("--batch needs at least one batch size");
   for (int b : bs)
-    if (b <= 0) fail("bench: batch size ", b, " must be positive");
+    if (b <= 0) fail("--batch ", b, ": a batch size must be positive");
 
   const auto t_load = Clock::now();
   const Model model = Model::load(resolve_model_path(model_path));
+  // Every test runs at its depth: the deepest one needs that many positions plus its own tokens.
+  const int64_t max_depth = *std::max_element(ds.begin(), ds.end());
+  int64_t longest_test = 0;
+  for (const std::vector<int>* tests : {&ps, &ns})
+    for (int n : *tests) longest_test = std::max<int64_t>(longest_test, n);
+  if (max_depth + longest_test > model.hp.n_ctx_train)
+    fail("depth ", max_depth, " + a test of ", longest_test, " tokens = ", max_depth + longest_test,
+         " positions, more than this model's context length ", model.hp.n_ctx_train, "; lower -d, -p or -n");
   int max_p = 0, max_n = 1, max_d = 0, max_b = 1;
   for (int p : ps) max_p = std::max(max_p, p);
   for (int n : ns) max_n = std::max(max_n, n);
@@ -331,7 +352,7 @@ int run_bench(int argc, char** argv) {
 
   if (census) {
 #ifdef MINFER_HAVE_CUDA
-    if (!use_cuda) fail("bench: --census needs the CUDA backend");
+    if (!use_cuda) fail("--census needs the CUDA backend");
     auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
     bench.fill_depth(ds.front());
     for (int pass = 0; pass < 2; ++pass) {  // the first warms up
@@ -349,7 +370,7 @@ int run_bench(int argc, char** argv) {
                   100.0 * k.microseconds / total);
     std::printf("| total | %d | %.1f | 100%% |\n", launches, total);
 #else
-    fail("bench: --census needs a build with CUDA");
+    fail("--census needs a build with CUDA");
 #endif
   }
   return 0;

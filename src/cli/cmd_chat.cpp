@@ -7,7 +7,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
-#include <iostream>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
@@ -44,10 +44,11 @@ int run_chat(int argc, char** argv) {
   app.add_option("-c,--ctx-size", n_ctx, "context size (0: model's context length capped at 8192)")->capture_default_str();
   app.add_option("--system", system_prompt, "system message that starts the conversation");
   app.add_option("-n,--n-predict", max_reply, "most tokens per reply (0: until the end token or a full context)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(minfer::cli::kNonNegativeInt);
   minfer::cli::add_sampler_options(app, sp);
   app.add_option("--backend", backend, "cpu, cuda or auto")->capture_default_str();
-  app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
+  minfer::cli::add_threads_option(app, n_threads);
   app.add_flag("--chatml", force_chatml, "ignore the model's template and use ChatML");
   CLI11_PARSE(app, argc, argv);
 
@@ -76,11 +77,11 @@ int run_chat(int argc, char** argv) {
   std::fprintf(stderr, "minfer chat: %s, context %d tokens, %s template. Ctrl-C stops a reply; "
                        "Ctrl-C at the prompt or EOF exits; /reset clears the history.\n",
                session.backend_name().c_str(), session.n_ctx(), chat_prompt.uses_model_template() ? "model's" : "ChatML");
-  std::string line;
   while (true) {
-    std::fputs("> ", stdout);
-    std::fflush(stdout);
-    if (!std::getline(std::cin, line)) break;
+    minfer::cli::print("> ");
+    const std::optional<std::string> input = minfer::cli::read_stdin_line();
+    if (!input) break;
+    const std::string& line = *input;
     if (line.empty()) continue;
     if (line == "/reset") {
       history.resize(system_prompt.empty() ? 0 : 1);
@@ -126,20 +127,17 @@ int run_chat(int argc, char** argv) {
       sampled_history.push_back(next);
       std::string piece = decoder.push(next);
       reply += piece;
-      std::fwrite(piece.data(), 1, piece.size(), stdout);
-      std::fflush(stdout);
+      minfer::cli::print(piece);
       if ((max_reply > 0 && ++n_reply >= max_reply) || session.n_past() + 1 >= session.n_ctx()) break;
       pending = std::span<const int32_t>(&sampled_history.back(), 1);
     }
     g_generating = false;
     std::string rest = decoder.flush();
     reply += rest;
-    std::fwrite(rest.data(), 1, rest.size(), stdout);
-    std::fputs(g_stop ? " [interrupted]\n" : "\n", stdout);
-    std::fflush(stdout);
+    minfer::cli::print(rest + (g_stop ? " [interrupted]\n" : "\n"));
     history.push_back({"assistant", reply});
   }
-  std::fputs("\n", stdout);
+  minfer::cli::print("\n");
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "convert/convert.h"
 #include "util/progress.h"
 
@@ -19,7 +20,7 @@ int run_convert(int argc, char** argv) {
   app.add_option("HF_DIR", opts.hf_dir, "directory with config.json, *.safetensors, tokenizer.json")->required();
   app.add_option("-o,--output", opts.out_path, "output .gguf")->required();
   app.add_option("--outtype", outtype, "f32, f16, bf16, q8_0 (or q4_k_m, q5_k_m, q6_k)")->capture_default_str();
-  app.add_option("-t,--threads", opts.n_threads, "threads (0: all cores)")->capture_default_str();
+  minfer::cli::add_threads_option(app, opts.n_threads);
   CLI11_PARSE(app, argc, argv);
   opts.outtype = minfer::synth::parse_file_type(outtype);
   opts.progress = minfer::stderr_progress_bar("convert");

@@ -1,14 +1,13 @@
 // minfer perplexity -m FILE -f TEXT [-c 512] [-b N]
 #include <CLI/CLI.hpp>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "cli/command.h"
 #include "cli/common.h"
 #include "engine/perplexity.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/files.h"
 #include "util/progress.h"
 
 namespace minfer::cli {
@@ -22,18 +21,15 @@ int run_perplexity(int argc, char** argv) {
   app.add_option("-f,--file", text_path, "text file to score")->required();
   app.add_option("-c,--ctx-size", n_ctx, "window size in tokens")->check(CLI::Range(4, 1 << 20));
   app.add_option("-b,--batch-size", batch, "tokens per forward call")->check(CLI::Range(1, 1 << 16));
-  app.add_option("-t,--threads", threads, "CPU threads (0: all cores)");
+  add_threads_option(app, threads);
   app.add_option("--backend", backend, "cpu | cuda | auto");
   CLI11_PARSE(app, argc, argv);
 
-  std::ifstream in(text_path, std::ios::binary);
-  if (!in) fail("cannot read text file ", text_path);
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = read_file(text_path);
 
   const Model model = Model::load(resolve_model_path(model_path));
   const Tokenizer tok = Tokenizer::from_gguf(model.file);
-  const std::vector<int32_t> tokens = tok.encode(ss.str(), /*add_special=*/false, false);
+  const std::vector<int32_t> tokens = tok.encode(text, /*add_special=*/false, false);
   SessionOptions opts;
   opts.n_ctx = n_ctx;
   opts.ubatch = batch;

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "convert/quantize.h"
 #include "util/progress.h"
 
@@ -18,7 +19,7 @@ int run_quantize(int argc, char** argv) {
   app.add_option("IN", opts.in_path, "input .gguf (f32/f16/bf16)")->required();
   app.add_option("OUT", opts.out_path, "output .gguf")->required();
   app.add_option("TYPE", type, "q8_0, q4_k_m, q5_k_m, q6_k, f16, bf16")->required();
-  app.add_option("-t,--threads", opts.n_threads, "threads (0: all cores)")->capture_default_str();
+  minfer::cli::add_threads_option(app, opts.n_threads);
   CLI11_PARSE(app, argc, argv);
   opts.ftype = minfer::synth::parse_file_type(type);
   opts.progress = minfer::stderr_progress_bar("quantize " + type);

@@ -28,11 +28,13 @@ int run_run(int argc, char** argv) {
   minfer::SamplerParams sp;
   app.add_option("-m,--model", model_path, "GGUF model (default: models/default.gguf or a synthesized tiny model)");
   app.add_option("-p,--prompt", prompt, "prompt text")->required();
-  app.add_option("-n,--n-predict", n_predict, "tokens to generate")->capture_default_str()->check(CLI::NonNegativeNumber);
+  app.add_option("-n,--n-predict", n_predict, "tokens to generate")
+      ->capture_default_str()
+      ->check(minfer::cli::kNonNegativeInt);
   app.add_option("-c,--ctx-size", n_ctx, "context size (0: model's context length capped at 8192)")->capture_default_str();
   minfer::cli::add_sampler_options(app, sp);
   app.add_option("--backend", backend, "cpu, cuda or auto")->capture_default_str();
-  app.add_option("-t,--threads", n_threads, "CPU threads (0: all cores)")->capture_default_str();
+  minfer::cli::add_threads_option(app, n_threads);
   app.add_flag("--ignore-eos", ignore_eos, "keep generating past the end-of-generation token");
   app.add_flag("--no-display-prompt", no_display_prompt, "print only the generated text, not the prompt first");
   CLI11_PARSE(app, argc, argv);
@@ -70,10 +72,7 @@ int run_run(int argc, char** argv) {
     return sampler.sample(session.decode(token), history);
   };
 
-  if (!no_display_prompt) {
-    std::fputs(prompt.c_str(), stdout);
-    std::fflush(stdout);
-  }
+  if (!no_display_prompt) minfer::cli::print(prompt);
   int n_generated = 0, n_decode_steps = 0;
   double gen_seconds = 0;
   const auto t_prompt = std::chrono::steady_clock::now();
@@ -87,19 +86,14 @@ int run_run(int argc, char** argv) {
     if (!ignore_eos && tokenizer.is_end_of_generation(token)) break;
     ++n_generated;
     history.push_back(token);
-    const std::string text = decoder.push(token);
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
+    minfer::cli::print(decoder.push(token));
     if (n_generated == n_predict) break;
     const auto t0 = std::chrono::steady_clock::now();
     token = after_token(history.back());
     gen_seconds += seconds_since(t0);
     ++n_decode_steps;
   }
-  const std::string rest = decoder.flush();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
-  std::printf("\n");
-  std::fflush(stdout);
+  minfer::cli::print(decoder.flush() + "\n");
 
   std::fprintf(stderr, "prompt: %zu tokens, %.2f t/s | generation: %d tokens, %.2f t/s (%s)\n",
                prompt_tokens.size(), double(prompt_tokens.size()) / std::max(prompt_seconds, 1e-9),

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "convert/synth.h"
 #include "util/progress.h"
 
@@ -24,8 +25,8 @@ int run_synth(int argc, char** argv) {
   app.add_option("--tokenizer", opts.tokenizer,
                  "HF tokenizer dir, vocab .gguf or \"builtin\" (default: Qwen3's for qwen presets, Llama-3's for "
                  "llama, from tools/npm; built-in for tiny)");
-  app.add_option("--seed", opts.seed, "random seed")->capture_default_str();
-  app.add_option("-t,--threads", opts.n_threads, "threads (0: all cores)")->capture_default_str();
+  minfer::cli::add_seed_option(app, opts.seed, "random seed");
+  minfer::cli::add_threads_option(app, opts.n_threads);
   app.add_flag("--dry-run", opts.dry_run, "print the tensor table and sizes, write nothing");
   app.add_option("-o,--output", opts.out_path, "output .gguf");
   try {

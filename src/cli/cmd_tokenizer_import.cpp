@@ -6,8 +6,10 @@
 #include <string>
 
 #include "cli/command.h"
+#include "cli/common.h"
 #include "gguf/gguf.h"
 #include "tokenizer/hf_import.h"
+#include "util/files.h"
 
 namespace {
 
@@ -18,9 +20,10 @@ int run_tokenizer_import(int argc, char** argv) {
   app.add_option("DIR", dir, "directory with tokenizer.json (and tokenizer_config.json)")->required();
   app.add_option("-o,--output", out_path, "GGUF file to write")->required();
   app.add_option("--vocab-size", vocab_size, "pad with unused [PADn] tokens to this many tokens")
-      ->check(CLI::NonNegativeNumber);
+      ->check(minfer::cli::kNonNegativeInt);
   CLI11_PARSE(app, argc, argv);
 
+  minfer::refuse_to_overwrite_inputs(out_path, minfer::hf_tokenizer_files(dir));
   const minfer::TokenizerMetadata meta = minfer::import_hf_tokenizer(dir, vocab_size);
   minfer::gguf::Writer writer(out_path);
   minfer::write_tokenizer_metadata(writer, meta);

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -28,7 +29,12 @@ int main(int argc, char** argv) {
   for (auto& c : minfer::cli::registry()) {
     if (c.name != argv[1]) continue;
     try {
-      return c.run(argc - 1, argv + 1);
+      const int status = c.run(argc - 1, argv + 1);
+      // What printf wrote may still sit in the buffer: a full disk must not end in status 0.
+      const bool flushed = std::fflush(stdout) == 0;
+      if (!flushed || std::ferror(stdout))
+        minfer::fail("writing to standard output failed", flushed ? "" : ": ", flushed ? "" : std::strerror(errno));
+      return status;
     } catch (const minfer::Error& e) {
       std::fprintf(stderr, "minfer %s: error: %s\n", argv[1], e.what());
       return 1;

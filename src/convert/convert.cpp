@@ -1,7 +1,7 @@
 #include "convert/convert.h"
 
+#include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +11,7 @@
 #include "convert/tokenizer_meta.h"
 #include "tokenizer/hf_import.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace minfer::convert {
 
@@ -19,25 +20,22 @@ using nlohmann::json;
 
 namespace {
 
-json read_json(const fs::path& path) {
-  std::ifstream f(path);
-  if (!f) fail(path.string(), ": cannot open");
-  try {
-    return json::parse(f);
-  } catch (const json::exception& e) {
-    fail(path.string(), ": invalid JSON: ", e.what());
-  }
-}
+constexpr const char* kConfigFile = "config.json";
 
-// An integer field; a missing or null one takes `def` (< 0: required).
+// An integer field; a missing or null one takes `def` (< 0: required). Checked before it narrows
+// to int: 2^32 + 2 layers must not become 2.
 int int_field(const json& cfg, const char* key, int def, const std::string& where) {
   if (!cfg.contains(key) || cfg[key].is_null()) {
     if (def < 0) fail(where, ": missing ", key);
     return def;
   }
-  if (!cfg[key].is_number_integer() || cfg[key].get<int64_t>() <= 0)
-    fail(where, ": ", key, " must be a positive integer");
-  return cfg[key].get<int>();
+  const json& v = cfg[key];
+  const uint64_t n = v.is_number_unsigned()                           ? v.get<uint64_t>()
+                     : v.is_number_integer() && v.get<int64_t>() > 0 ? uint64_t(v.get<int64_t>())
+                                                                      : 0;
+  if (n < 1 || n > uint64_t(kMaxHParam))
+    fail(where, ": ", key, " = ", v.dump(), " is out of range: it must be an integer in [1, ", kMaxHParam, "]");
+  return int(n);
 }
 
 double float_field(const json& cfg, const char* key, double def, const std::string& where) {
@@ -49,9 +47,8 @@ double float_field(const json& cfg, const char* key, double def, const std::stri
 }  // namespace
 
 ModelShape read_hf_config(const std::string& dir) {
-  const fs::path path = fs::path(dir) / "config.json";
-  const std::string where = path.string();
-  const json cfg = read_json(path);
+  const std::string where = (fs::path(dir) / kConfigFile).string();
+  const json cfg = read_json_file(where);
   if (!cfg.contains("architectures") || !cfg["architectures"].is_array() || cfg["architectures"].empty() ||
       !cfg["architectures"][0].is_string())
     fail(where, ": no architectures list");
@@ -82,9 +79,6 @@ ModelShape read_hf_config(const std::string& dir) {
   hp.rope_base = float(float_field(rope_params, "rope_theta", float_field(cfg, "rope_theta", 10000.0, where), where));
   hp.tied_embeddings = cfg.value("tie_word_embeddings", false);
   hp.rope_type = hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3 ? RopeType::NeoX : RopeType::Normal;
-  if (hp.n_head % hp.n_head_kv != 0)
-    fail(where, ": num_attention_heads ", hp.n_head, " is not a multiple of num_key_value_heads ", hp.n_head_kv);
-  if (hp.head_dim % 2 != 0) fail(where, ": head_dim ", hp.head_dim, " must be even for rope");
   if (cfg.value("attention_bias", false) && hp.arch != Arch::Qwen2)
     fail(where, ": attention_bias = true is not supported for ", arch);
   if (cfg.value("mlp_bias", false)) fail(where, ": mlp_bias = true is not supported");
@@ -112,12 +106,14 @@ ModelShape read_hf_config(const std::string& dir) {
     } else if (type != "default" && !type.empty()) {
       fail(where, ": rope_scaling type '", type, "' is not supported (supported: linear, llama3)");
     }
-    if (!(factor > 0)) fail(where, ": rope_scaling factor ", factor, " must be positive");
+    if (!(factor > 0 && std::isfinite(factor)))
+      fail(where, ": rope_scaling factor ", factor, " is out of range: it must be a finite number > 0");
     if (s.rope_scaling.kind == RopeScaling::Kind::Llama3 &&
         !(s.rope_scaling.high_freq_factor > s.rope_scaling.low_freq_factor))
       fail(where, ": llama3 rope_scaling needs high_freq_factor > low_freq_factor");
   }
   if (s.rope_scaling.kind == RopeScaling::Kind::Linear) hp.rope_freq_scale = 1.0f / s.rope_scaling.factor;
+  validate_hparams(hp, where);
   s.qkv_bias = hp.arch == Arch::Qwen2;
   s.qk_norm = hp.arch == Arch::Qwen3;
   return s;
@@ -159,6 +155,10 @@ uint64_t convert_hf(const ConvertOptions& opts) {
   const ModelShape shape = read_hf_config(opts.hf_dir);
   const HParams& hp = shape.hp;
   const Checkpoint ckpt = Checkpoint::open(opts.hf_dir);
+  std::vector<std::string> inputs = ckpt.files();
+  inputs.push_back((fs::path(opts.hf_dir) / kConfigFile).string());
+  for (std::string& f : hf_tokenizer_files(opts.hf_dir)) inputs.push_back(std::move(f));
+  refuse_to_overwrite_inputs(opts.out_path, inputs);
   ModelShape out_shape = shape;
   // An lm_head missing from the checkpoint means the embeddings are tied whatever config says.
   if (!ckpt.find("lm_head.weight")) out_shape.hp.tied_embeddings = true;

@@ -3,6 +3,7 @@
 #include "convert/tensor_stream.h"
 #include "quant/quant.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace minfer::convert {
 
@@ -14,7 +15,7 @@ bool is_quantized_ftype(synth::FileType ft) {
 }  // namespace
 
 uint64_t quantize_file(const QuantizeOptions& opts) {
-  if (opts.in_path == opts.out_path) fail("quantize: input and output are the same file ", opts.in_path);
+  refuse_to_overwrite_inputs(opts.out_path, {opts.in_path});
   const gguf::File in = gguf::File::open(opts.in_path);
   const std::string arch = in.get_string("general.architecture");
   const int n_layer = int(in.get_int(arch + ".block_count"));

@@ -2,11 +2,11 @@
 
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <set>
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/hf_import.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -94,6 +94,7 @@ void Checkpoint::add_file(const std::string& path) {
     }
   }
   mappings_.push_back(std::move(m));
+  files_.push_back(path);
 }
 
 Checkpoint Checkpoint::open(const std::string& dir) {
@@ -101,13 +102,8 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   c.dir_ = dir;
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index)) {
-    json j;
-    try {
-      std::ifstream f(index);
-      j = json::parse(f);
-    } catch (const json::exception& e) {
-      fail(index.string(), ": invalid JSON: ", e.what());
-    }
+    const json j = read_json_file(index.string());
+    c.files_.push_back(index.string());
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       fail(index.string(), ": no weight_map object");
     std::set<std::string> shards;

@@ -36,9 +36,12 @@ class Checkpoint {
   const StTensor* find(const std::string& name) const;
   const StTensor& get(const std::string& name) const;  // throws naming the checkpoint
   const std::map<std::string, StTensor>& tensors() const { return tensors_; }
+  // Every file the checkpoint was read from (the shards and their index).
+  const std::vector<std::string>& files() const { return files_; }
 
  private:
   std::string dir_;
+  std::vector<std::string> files_;
   std::vector<Mapping> mappings_;
   std::map<std::string, StTensor> tensors_;
 };

@@ -10,6 +10,7 @@
 #include "convert/tensor_stream.h"
 #include "convert/tokenizer_meta.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace minfer::synth {
 
@@ -303,6 +304,7 @@ uint64_t write_model(const Options& opts) {
   }
 
   if (opts.out_path.empty()) fail("synth: no output path (-o FILE)");
+  if (!tok_source.empty()) refuse_to_overwrite_inputs(opts.out_path, convert::tokenizer_source_files(tok_source));
   std::vector<convert::OutTensor> tensors;
   const auto specs = convert::model_tensors(shape);
   for (size_t i = 0; i < specs.size(); ++i)

@@ -150,6 +150,10 @@ Metadata tokenizer_kv(const TokenizerMetadata& meta) {
   return md;
 }
 
+std::vector<std::string> tokenizer_source_files(const std::string& source) {
+  return std::filesystem::is_directory(source) ? hf_tokenizer_files(source) : std::vector<std::string>{source};
+}
+
 Metadata load_tokenizer(const std::string& source, int n_vocab) {
   namespace fs = std::filesystem;
   if (fs::is_directory(source)) return tokenizer_kv(import_hf_tokenizer(source, n_vocab));

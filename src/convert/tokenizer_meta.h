@@ -3,6 +3,7 @@
 // model's embedding rows.
 #pragma once
 #include <string>
+#include <vector>
 
 #include "convert/arch.h"
 #include "tokenizer/vocab.h"
@@ -17,6 +18,8 @@ Metadata builtin_tokenizer(int n_vocab);
 // tokenizer.json. Token lists shorter than n_vocab are padded with unused [PADn] tokens; longer
 // ones are an error.
 Metadata load_tokenizer(const std::string& source, int n_vocab);
+// The files load_tokenizer reads for `source` (writers refuse to replace them).
+std::vector<std::string> tokenizer_source_files(const std::string& source);
 
 // The tokenizer.* keys of `meta` as write_tokenizer_metadata writes them.
 Metadata tokenizer_kv(const TokenizerMetadata& meta);

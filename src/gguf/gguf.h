@@ -109,7 +109,9 @@ class File {
 };
 
 // Streaming writer: metadata and tensor infos first, then tensor data in declaration order, so a
-// multi-GB model never has to be held in memory. Usage:
+// multi-GB model never has to be held in memory. The bytes go to a temporary file beside `path`
+// that finish() renames over it (util/files.h OutputFile): until then `path` is untouched, and a
+// writer destroyed unfinished leaves nothing behind. Usage:
 //   Writer w(path); w.set(...); w.add_tensor(name, type, shape); ... w.begin_data();
 //   for each tensor in order: w.write_tensor_data(name, bytes, n); w.finish();
 class Writer {
@@ -118,9 +120,9 @@ class Writer {
   ~Writer();
   void set(const std::string& key, Value v);  // replaces an existing key, keeps order
   void add_tensor(const std::string& name, GgmlType type, std::vector<int64_t> shape);
-  void begin_data();  // writes header, metadata and tensor infos
+  void begin_data();  // creates the temporary file; writes header, metadata and tensor infos
   void write_tensor_data(const std::string& name, const void* data, uint64_t nbytes);
-  void finish();      // checks every tensor was written, flushes, closes
+  void finish();      // checks every tensor was written, flushes, renames over `path`
   uint64_t total_bytes() const;  // file size once finished (valid after all add_tensor calls)
 
  private:

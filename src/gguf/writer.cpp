@@ -1,14 +1,14 @@
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <set>
 #include <utility>
 
 #include "gguf/format.h"
 #include "gguf/gguf.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace minfer::gguf {
 
@@ -90,7 +90,7 @@ struct Writer::Impl {
   std::vector<Tensor> tensors;
   std::set<std::string, std::less<>> tensor_names;
   State state = State::kDeclaring;
-  std::FILE* out = nullptr;
+  std::unique_ptr<OutputFile> out;  // from begin_data() until finish()
   size_t next_tensor = 0;
 
   uint64_t padded(uint64_t n) const {
@@ -133,15 +133,11 @@ struct Writer::Impl {
     return total;
   }
 
-  void write(const void* data, uint64_t n, const char* what) {
-    if (n && std::fwrite(data, 1, n, out) != n) fail(path, ": write failed (", what, "): ", std::strerror(errno));
-  }
-
   void pad_to_alignment(uint64_t n) {
     static constexpr uint8_t zeros[64] = {};
     for (uint64_t left = padded(n) - n; left > 0;) {
       const uint64_t chunk = std::min<uint64_t>(left, sizeof zeros);
-      write(zeros, chunk, "padding");
+      out->write(zeros, chunk);
       left -= chunk;
     }
   }
@@ -166,12 +162,8 @@ Writer::Writer(std::string path, uint64_t alignment) : impl_(std::make_unique<Im
   if (alignment != format::kDefaultAlignment) set(std::string(format::kAlignmentKey), Value::from_u32(uint32_t(alignment)));
 }
 
-Writer::~Writer() {
-  if (!impl_->out) return;
-  // An unfinished file would fail validation anyway; do not leave it behind looking like a model.
-  std::fclose(impl_->out);
-  std::remove(impl_->path.c_str());
-}
+// An unfinished file is never renamed over the target: ~OutputFile removes it.
+Writer::~Writer() = default;
 
 void Writer::set(const std::string& key, Value v) {
   impl_->require_state(Impl::State::kDeclaring, str_cat("set metadata key ", key).c_str());
@@ -219,10 +211,9 @@ void Writer::begin_data() {
   Impl& m = *impl_;
   m.require_state(Impl::State::kDeclaring, "begin_data()");
   const std::vector<uint8_t> head = m.layout();
-  m.out = std::fopen(m.path.c_str(), "wb");
-  if (!m.out) fail(m.path, ": cannot create: ", std::strerror(errno));
+  m.out = std::make_unique<OutputFile>(m.path);
   m.state = Impl::State::kWritingData;
-  m.write(head.data(), head.size(), "header");
+  m.out->write(head.data(), head.size());
 }
 
 void Writer::write_tensor_data(const std::string& name, const void* data, uint64_t nbytes) {
@@ -237,7 +228,7 @@ void Writer::write_tensor_data(const std::string& name, const void* data, uint64
   if (nbytes != t.nbytes)
     fail(m.path, ": tensor ", quoted(name), ": got ", nbytes, " bytes of data, its ", type_traits(t.type).name,
          " shape needs ", t.nbytes);
-  m.write(data, nbytes, name.c_str());
+  m.out->write(data, nbytes);
   m.pad_to_alignment(nbytes);
   ++m.next_tensor;
 }
@@ -249,13 +240,8 @@ void Writer::finish() {
   if (m.next_tensor != m.tensors.size())
     fail(m.path, ": finish() after ", m.next_tensor, " of ", m.tensors.size(), " tensors; next expected ",
          quoted(m.tensors[m.next_tensor].name));
-  std::FILE* f = std::exchange(m.out, nullptr);
-  const bool flushed = std::fflush(f) == 0 && !std::ferror(f);
-  const bool closed = std::fclose(f) == 0;
-  if (!flushed || !closed) {
-    std::remove(m.path.c_str());
-    fail(m.path, ": write failed when closing: ", std::strerror(errno));
-  }
+  m.out->commit();
+  m.out.reset();
   m.state = Impl::State::kFinished;
 }
 

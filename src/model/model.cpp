@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <cmath>
 #include <optional>
 
 #include "util/error.h"
@@ -32,11 +33,12 @@ Arch parse_arch(const std::string& path, const std::string& name) {
   fail(path, ": unsupported architecture '", name, "' (supported: llama, mistral, qwen2, qwen3)");
 }
 
-// Metadata integers that size buffers: must be positive and fit an int.
+// Metadata integers that size buffers, checked before they narrow to int (2^32 + 2 must not
+// become 2); validate_hparams checks them again with the rest.
 int positive_int(const gguf::File& f, const std::string& key, std::optional<int64_t> def = {}) {
   const int64_t v = f.get_int(key, def);
-  if (v <= 0 || v > (int64_t(1) << 30))
-    fail(f.path(), ": metadata ", key, " = ", v, " is out of range (1 .. 2^30)");
+  if (v <= 0 || v > kMaxHParam)
+    fail(f.path(), ": ", key, " = ", v, " is out of range: it must be an integer in [1, ", kMaxHParam, "]");
   return int(v);
 }
 
@@ -63,6 +65,30 @@ class TensorFinder {
 
 }  // namespace
 
+void validate_hparams(const HParams& hp, const std::string& where) {
+  const std::pair<const char*, int> sizes[] = {
+      {"vocab_size", hp.n_vocab},           {"context_length", hp.n_ctx_train},
+      {"embedding_length", hp.n_embd},      {"block_count", hp.n_layer},
+      {"feed_forward_length", hp.n_ff},     {"attention.head_count", hp.n_head},
+      {"attention.head_count_kv", hp.n_head_kv}, {"attention.key_length", hp.head_dim},
+  };
+  for (const auto& [key, value] : sizes)
+    if (value < 1 || value > kMaxHParam)
+      fail(where, ": ", key, " = ", value, " is out of range: it must be an integer in [1, ", kMaxHParam, "]");
+  if (hp.n_head % hp.n_head_kv != 0)
+    fail(where, ": attention.head_count ", hp.n_head, " is not a multiple of attention.head_count_kv ",
+         hp.n_head_kv);
+  if (hp.head_dim % 2 != 0) fail(where, ": head dimension ", hp.head_dim, " must be even for rope");
+  if (!(std::isfinite(hp.rms_eps) && hp.rms_eps > 0 && hp.rms_eps < 1))
+    fail(where, ": attention.layer_norm_rms_epsilon = ", hp.rms_eps,
+         " is out of range: it must be a finite number in (0, 1)");
+  if (!(std::isfinite(hp.rope_base) && hp.rope_base > 1))
+    fail(where, ": rope.freq_base = ", hp.rope_base, " is out of range: it must be a finite number > 1");
+  if (!(std::isfinite(hp.rope_freq_scale) && hp.rope_freq_scale > 0))
+    fail(where, ": rope.scaling.factor = ", 1.0 / hp.rope_freq_scale,
+         " is out of range: it must be a finite number > 0");
+}
+
 Model Model::load(const std::string& path) { return from_file(gguf::File::open(path)); }
 
 Model Model::from_file(gguf::File file) {
@@ -80,20 +106,14 @@ Model Model::from_file(gguf::File file) {
   hp.n_ff = positive_int(f, a + "feed_forward_length");
   hp.n_head = positive_int(f, a + "attention.head_count");
   hp.n_head_kv = positive_int(f, a + "attention.head_count_kv", hp.n_head);
-  if (hp.n_head % hp.n_head_kv != 0)
-    fail(f.path(), ": attention.head_count ", hp.n_head, " is not a multiple of head_count_kv ",
-         hp.n_head_kv);
   hp.head_dim = positive_int(f, a + "attention.key_length", hp.n_embd / hp.n_head);
-  if (hp.head_dim % 2 != 0) fail(f.path(), ": head dimension ", hp.head_dim, " must be even");
   hp.rms_eps = float(f.get_float(a + "attention.layer_norm_rms_epsilon", 1e-5));
   hp.rope_base = float(f.get_float(a + "rope.freq_base", 10000.0));
   hp.rope_type = (hp.arch == Arch::Qwen2 || hp.arch == Arch::Qwen3) ? RopeType::NeoX
                                                                      : RopeType::Normal;
   const std::string scaling = f.get_string(a + "rope.scaling.type", std::string("none"));
   if (scaling == "linear") {
-    const double factor = f.get_float(a + "rope.scaling.factor", 1.0);
-    if (!(factor > 0)) fail(f.path(), ": rope.scaling.factor ", factor, " must be positive");
-    hp.rope_freq_scale = float(1.0 / factor);
+    hp.rope_freq_scale = float(1.0 / f.get_float(a + "rope.scaling.factor", 1.0));
   } else if (scaling != "none") {
     fail(f.path(), ": unsupported rope scaling type '", scaling, "' (supported: none, linear)");
   }
@@ -104,10 +124,11 @@ Model Model::from_file(gguf::File file) {
   if (embd->shape.size() != 2 || embd->shape[0] != hp.n_embd)
     fail(f.path(), ": tensor token_embd.weight has shape ", shape_str(embd->shape),
          ", expected [", hp.n_embd, ", n_vocab]");
-  if (embd->shape[1] <= 0 || embd->shape[1] > (int64_t(1) << 30))
+  if (embd->shape[1] <= 0 || embd->shape[1] > kMaxHParam)
     fail(f.path(), ": tensor token_embd.weight has ", embd->shape[1], " rows (vocabulary size)");
   hp.n_vocab = int(embd->shape[1]);
   m.token_embd = embd;
+  validate_hparams(hp, f.path());
 
   const int64_t E = hp.n_embd, V = hp.n_vocab, F = hp.n_ff, D = hp.head_dim;
   const int64_t Q = int64_t(hp.n_head) * D, KV = int64_t(hp.n_head_kv) * D;
@@ -120,10 +141,11 @@ Model Model::from_file(gguf::File file) {
 
   const bool biases = hp.arch == Arch::Qwen2;
   const bool qk_norm = hp.arch == Arch::Qwen3;
-  m.layers.resize(size_t(hp.n_layer));
+  // Layer by layer, so that a block_count larger than the file's layers fails at the first missing
+  // tensor instead of allocating for 2^30 layers.
   for (int i = 0; i < hp.n_layer; ++i) {
     const std::string p = "blk." + std::to_string(i) + ".";
-    LayerWeights& l = m.layers[size_t(i)];
+    LayerWeights& l = m.layers.emplace_back();
     l.attn_norm = t.required(p + "attn_norm.weight", {E});
     l.wq = t.required(p + "attn_q.weight", {E, Q});
     l.wk = t.required(p + "attn_k.weight", {E, KV});

@@ -30,6 +30,16 @@ struct HParams {
   bool tied_embeddings = false;  // output.weight absent: logits use token_embd
 };
 
+// The largest size-like hyperparameter (widths, heads, layers, context, vocabulary) minfer reads:
+// buffers are sized from them, and every value must fit an int.
+inline constexpr int64_t kMaxHParam = int64_t(1) << 30;
+
+// Every hyperparameter's range, named by its GGUF key: sizes in [1, kMaxHParam], heads that divide
+// evenly, an even head dimension (rope pairs), finite floats (rms epsilon in (0, 1), rope base > 1,
+// rope scaling factor > 0): a NaN epsilon or a zero base would turn every output into NaN instead
+// of an error. Throws minfer::Error starting with `where` (the GGUF file, or convert's config.json).
+void validate_hparams(const HParams& hp, const std::string& where);
+
 using Tensor = gguf::TensorInfo;
 
 struct LayerWeights {

@@ -2,11 +2,64 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <unordered_map>
 
 #include "util/error.h"
 
 namespace minfer {
+
+namespace {
+
+std::string spelled(const ParamSpelling& spelling, std::string_view name) {
+  return spelling ? spelling(name) : std::string(name);
+}
+
+// A float parameter must lie in an interval written as mathematicians do: "[0, 2]", "(0, 1]".
+void check_float(const ParamSpelling& spelling, std::string_view name, float value, double lo,
+                 bool lo_open, double hi, bool hi_open) {
+  const double v = value;
+  if ((lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi)) return;  // false for NaN
+  if (std::isinf(hi))
+    fail(spelled(spelling, name), " ", v, " is out of range: ", name, " must be a finite number ",
+         lo_open ? "> " : ">= ", lo);
+  fail(spelled(spelling, name), " ", v, " is out of range: ", name, " must be in ", lo_open ? "(" : "[", lo, ", ",
+       hi, hi_open ? ")" : "]");
+}
+
+void check_int_at_least(const ParamSpelling& spelling, std::string_view name, int value, int lo,
+                        std::string_view meaning_of_lo) {
+  if (value >= lo) return;
+  fail(spelled(spelling, name), " ", value, " is out of range: ", name, " must be >= ", lo, " (", lo, ": ",
+       meaning_of_lo, ")");
+}
+
+}  // namespace
+
+void SamplerParams::validate(const ParamSpelling& spelling) const {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  check_float(spelling, "temperature", temperature, 0, false, 2, false);
+  check_int_at_least(spelling, "top_k", top_k, 0, "off");
+  check_float(spelling, "top_p", top_p, 0, true, 1, false);
+  check_float(spelling, "min_p", min_p, 0, false, 1, false);
+  check_float(spelling, "repeat_penalty", repeat_penalty, 0, true, kInf, true);
+  check_float(spelling, "presence_penalty", presence_penalty, -2, false, 2, false);
+  check_float(spelling, "frequency_penalty", frequency_penalty, -2, false, 2, false);
+  check_int_at_least(spelling, "repeat_last_n", penalty_last_n, -1, "the whole history");
+}
+
+uint64_t parse_seed(std::string_view text, const ParamSpelling& spelling) {
+  uint64_t seed = 0;
+  bool valid = !text.empty();
+  for (char c : text) {
+    valid = valid && c >= '0' && c <= '9' && !__builtin_mul_overflow(seed, 10, &seed) &&
+            !__builtin_add_overflow(seed, uint64_t(c - '0'), &seed);
+  }
+  if (!valid)
+    fail(spelled(spelling, "seed"), " ", text.substr(0, 40), text.size() > 40 ? "..." : "",
+         " is out of range: seed must be an integer in [0, ", std::numeric_limits<uint64_t>::max(), "]");
+  return seed;
+}
 
 int32_t argmax(std::span<const float> logits) {
   if (logits.empty()) fail("argmax of empty logits");
@@ -18,7 +71,7 @@ bool plain_greedy(const SamplerParams& p) {
          p.frequency_penalty == 0.0f;
 }
 
-Sampler::Sampler(SamplerParams p) : params_(p), rng_(p.seed) {}
+Sampler::Sampler(SamplerParams p) : params_(p), rng_(p.seed) { params_.validate(); }
 
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) fail("sampler: empty logits");

@@ -1,31 +1,49 @@
-// Token sampling: penalties, then top-k, top-p, min-p, temperature; greedy when temp <= 0.
+// Token sampling: penalties, then top-k, top-p, min-p, temperature; greedy when temp is 0.
 // Deterministic for a given seed.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 namespace minfer {
 
+// How a caller spells a sampling parameter in its error messages, given the parameter's name
+// ("top_p"): the CLI answers with its flag ("--top-p"), a server's request parser with the request
+// field ("top_p", the default). The rule and the rest of the message are the same for both.
+using ParamSpelling = std::function<std::string(std::string_view name)>;
+
 struct SamplerParams {
-  float temperature = 0.8f;  // <= 0: greedy
-  int top_k = 40;            // <= 0: off
-  float top_p = 0.95f;       // >= 1: off
-  float min_p = 0.05f;       // <= 0: off
-  float repeat_penalty = 1.0f;     // 1: off (llama.cpp semantics: divide positive logits)
-  float presence_penalty = 0.0f;
-  float frequency_penalty = 0.0f;
-  int penalty_last_n = 64;         // tokens of history the penalties look at
+  float temperature = 0.8f;  // [0, 2]; 0: greedy
+  int top_k = 40;            // >= 0; 0: off
+  float top_p = 0.95f;       // (0, 1]; 1: off
+  float min_p = 0.05f;       // [0, 1]; 0: off
+  float repeat_penalty = 1.0f;     // > 0; 1: off (llama.cpp semantics: divide positive logits)
+  float presence_penalty = 0.0f;   // [-2, 2]
+  float frequency_penalty = 0.0f;  // [-2, 2]
+  int penalty_last_n = 64;         // tokens of history the penalties look at; -1: all of it
   uint64_t seed = 0;
+
+  // Checks every parameter against its range (OpenAI's where OpenAI has the parameter:
+  // temperature, top_p, presence_penalty, frequency_penalty) and throws minfer::Error for the
+  // first one outside it, e.g. "--top-p 2 is out of range: top_p must be in (0, 1]". NaN is
+  // outside every range.
+  void validate(const ParamSpelling& spelling = {}) const;
 };
 
 // Greedy with no penalty: the argmax of the raw logits, which a backend computes where they are.
 bool plain_greedy(const SamplerParams& p);
+// A seed as text (a command-line value, a request field): a decimal integer in [0, 2^64 - 1].
+// Anything else, "-1" and "18446744073709551616" included, throws the same kind of message
+// instead of wrapping or saturating to some other seed.
+uint64_t parse_seed(std::string_view text, const ParamSpelling& spelling = {});
 
 class Sampler {
  public:
-  explicit Sampler(SamplerParams p);
+  explicit Sampler(SamplerParams p);  // validates p
   // history: tokens generated so far (and prompt), used by the penalties.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
   bool greedy() const { return params_.temperature <= 0; }

@@ -1,5 +1,6 @@
 #include "server/api.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "util/error.h"
@@ -135,7 +136,7 @@ void parse_sampling(const Json& body, GenerationRequest& r) {
   SamplerParams& s = r.sampling;
   s.temperature = float(number_in(body, "temperature", 1.0, 0.0, 2.0));
   s.top_p = float(number_in(body, "top_p", 1.0, 0.0, 1.0, true));
-  s.top_k = int(integer_in(body, "top_k", -1, 1 << 30).value_or(0));
+  s.top_k = std::max(0, int(integer_in(body, "top_k", -1, 1 << 30).value_or(0)));  // -1 (vLLM's "off") is 0
   s.min_p = float(number_in(body, "min_p", 0.0, 0.0, 1.0));
   s.presence_penalty = float(number_in(body, "presence_penalty", 0.0, -2.0, 2.0));
   s.frequency_penalty = float(number_in(body, "frequency_penalty", 0.0, -2.0, 2.0));

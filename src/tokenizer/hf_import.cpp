@@ -1,12 +1,10 @@
 #include "tokenizer/hf_import.h"
 
 #include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "tokenizer/pretokenize.h"
 #include "util/error.h"
+#include "util/files.h"
 
 namespace minfer {
 
@@ -17,17 +15,10 @@ namespace fs = std::filesystem;
 
 constexpr int64_t kMaxTokens = int64_t(1) << 24;  // far above any real vocabulary (Gemma: 262k)
 
-json read_json(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(path.string(), ": cannot open");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  try {
-    return json::parse(buffer.str());
-  } catch (const json::exception& e) {
-    fail(path.string(), ": invalid JSON: ", e.what());
-  }
-}
+// The files of a HF directory the import reads.
+constexpr const char* kTokenizerFile = "tokenizer.json";
+constexpr const char* kTokenizerConfigFile = "tokenizer_config.json";
+constexpr const char* kChatTemplateFile = "chat_template.jinja";  // newer transformers
 
 // The split regexes a HF pre_tokenizer applies, in order; fails on components that are not
 // regex splits.
@@ -88,6 +79,22 @@ bool post_processor_adds_bos(const json& node) {
 
 }  // namespace
 
+json read_json_file(const std::string& path) {
+  const std::string text = read_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    fail(path, ": invalid JSON: ", e.what());
+  }
+}
+
+std::vector<std::string> hf_tokenizer_files(const std::string& dir) {
+  std::vector<std::string> files;
+  for (const char* name : {kTokenizerFile, kTokenizerConfigFile, kChatTemplateFile})
+    files.push_back((fs::path(dir) / name).string());
+  return files;
+}
+
 void pad_tokenizer_vocab(TokenizerMetadata& meta, int n_vocab, const std::string& source) {
   if (n_vocab <= 0) return;
   if (n_vocab > kMaxTokens) fail(source, ": vocabulary size ", n_vocab, " is above ", kMaxTokens);
@@ -103,12 +110,12 @@ void pad_tokenizer_vocab(TokenizerMetadata& meta, int n_vocab, const std::string
 }
 
 TokenizerMetadata import_hf_tokenizer(const std::string& dir, int pad_to_vocab) {
-  const fs::path tokenizer_path = fs::path(dir) / "tokenizer.json";
+  const fs::path tokenizer_path = fs::path(dir) / kTokenizerFile;
   const std::string source = tokenizer_path.string();
-  if (!fs::is_regular_file(tokenizer_path)) fail(dir, ": no tokenizer.json in this directory");
-  const json tj = read_json(tokenizer_path);
-  const fs::path config_path = fs::path(dir) / "tokenizer_config.json";
-  const json config = fs::is_regular_file(config_path) ? read_json(config_path) : json::object();
+  if (!fs::exists(tokenizer_path)) fail(dir, ": no ", kTokenizerFile, " in this directory");
+  const json tj = read_json_file(source);
+  const fs::path config_path = fs::path(dir) / kTokenizerConfigFile;
+  const json config = fs::exists(config_path) ? read_json_file(config_path.string()) : json::object();
 
   TokenizerMetadata meta;
   try {
@@ -198,11 +205,8 @@ TokenizerMetadata import_hf_tokenizer(const std::string& dir, int pad_to_vocab) 
     fail(source, ": unexpected structure: ", e.what());
   }
   // Newer transformers save the template beside the config instead of inside it.
-  const fs::path template_path = fs::path(dir) / "chat_template.jinja";
-  if (meta.chat_template.empty() && fs::is_regular_file(template_path)) {
-    std::ifstream in(template_path, std::ios::binary);
-    meta.chat_template.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
+  const fs::path template_path = fs::path(dir) / kChatTemplateFile;
+  if (meta.chat_template.empty() && fs::exists(template_path)) meta.chat_template = read_file(template_path.string());
   meta.add_space_prefix = false;
   pad_tokenizer_vocab(meta, pad_to_vocab, source);
   validate_tokenizer_metadata(meta, source);

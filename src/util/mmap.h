@@ -13,7 +13,11 @@ struct Mapping {
   std::shared_ptr<const void> keep_alive;  // unmaps when the last owner goes
 };
 
-// Throws minfer::Error naming the path and the system's reason.
+// Maps a regular file (anything else is refused before it can block: see RegularFile). Throws
+// minfer::Error naming the path and the system's reason. If the file shrinks while mapped (another
+// program truncates or rewrites it in place), touching the lost pages raises SIGBUS; the first call
+// installs a handler that turns that into "minfer: error: PATH: the file became shorter ..." and
+// exit status 1 instead of a crash (SIGBUS outside a mapping keeps its previous action).
 Mapping map_file(const std::string& path);
 
 }  // namespace minfer

@@ -20,6 +20,10 @@ using FramePtr = std::shared_ptr<Frame>;
 
 struct Runtime {
   int macro_depth = 0;
+  // namespace() objects are the one mutable value, so the only way to build a reference cycle
+  // (ns.self = ns): emptied when the render ends, so that the cycle's memory is freed.
+  std::vector<std::weak_ptr<Object>> namespaces;
+  ~Runtime();
 };
 
 [[noreturn]] void runtime_fail(int line, const std::string& message);
@@ -168,7 +172,7 @@ struct BlockStmt : Stmt {  // {% generation %}: output passes through
 
 // Filters, tests and globals (eval.cpp).
 Value apply_filter(const std::string& name, const Value& operand, CallArgs& args, Runtime& rt, int line);
-FramePtr make_globals();
+FramePtr make_globals(Runtime& rt);
 
 }  // namespace minfer::jinja::detail
 

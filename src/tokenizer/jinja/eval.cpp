@@ -3,18 +3,45 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <limits>
 
 #include "tokenizer/jinja/ast.h"
+#include "tokenizer/jinja/budget.h"
 #include "tokenizer/jinja/pystr.h"
 
 namespace minfer::jinja {
 namespace detail {
 
 namespace {
-constexpr int kMaxMacroDepth = 256;
-constexpr size_t kMaxSequence = 10'000'000;  // range() / repetition limit: bad input, not OOM
 
 [[noreturn]] void type_fail(const std::string& message) { throw TemplateError(message); }
+
+bool nests_deeper_than(const Value& v, int levels) {
+  if (!v.is_array() && !v.is_object()) return false;
+  if (levels == 0) return true;
+  charge(1);
+  if (v.is_array()) {
+    for (const Value& item : v.array())
+      if (nests_deeper_than(item, levels - 1)) return true;
+  } else {
+    for (const auto& [_, item] : v.object().entries)
+      if (nests_deeper_than(item, levels - 1)) return true;
+  }
+  return false;
+}
+
+// Checked wherever a value is stored (set, a namespace attribute, a macro argument), because only
+// stored values can be wrapped again and again: {% set ns.x = [ns.x] %} in a loop would build a
+// value deep enough to overflow the stack when it is printed, compared or destroyed, and
+// {% set ns.self = ns %} one that contains itself.
+void check_nesting(const Value& v) {
+  if (nests_deeper_than(v, kMaxValueNesting))
+    type_fail(str_cat("value nested deeper than ", kMaxValueNesting, " levels (or containing itself)"));
+}
+
+// Python ints are unbounded; ours are 64-bit, so a result that does not fit is an error, never
+// a wrapped value (or undefined behaviour).
+[[noreturn]] void overflow_fail() { type_fail("integer result does not fit in 64 bits"); }
 
 [[noreturn]] void undefined_fail(const Value& v) {
   const auto& u = std::get<Undefined>(v.v);
@@ -57,16 +84,22 @@ Value make_function(std::string name, std::function<Value(CallArgs&)> fn) {
 
 Array string_chars(const std::string& s) {
   Array out;
-  for (char32_t c : pystr::decode(s)) out.emplace_back(pystr::encode(std::u32string(1, c)));
+  const std::u32string chars = pystr::decode(s);
+  charge(chars.size());
+  for (char32_t c : chars) out.emplace_back(pystr::encode(std::u32string_view(&c, 1)));
   return out;
 }
 
 // What `for x in v` iterates: a snapshot, as Python would see it.
 Array iterate(const Value& v) {
   if (v.is_undefined()) return {};
-  if (v.is_array()) return v.array();
+  if (v.is_array()) {
+    charge(v.array().size());
+    return v.array();
+  }
   if (v.is_string()) return string_chars(v.str());
   if (v.is_dict()) {
+    charge(v.object().entries.size());
     Array keys;
     for (auto& [k, _] : v.object().entries) keys.emplace_back(k);
     return keys;
@@ -75,13 +108,17 @@ Array iterate(const Value& v) {
 }
 
 bool equals(const Value& a, const Value& b) {
+  charge(1);
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_double() == b.as_double();
     return to_int(a, "") == to_int(b, "");
   }
   if (a.v.index() != b.v.index()) return false;
   if (a.is_undefined() || a.is_none()) return true;
-  if (a.is_string()) return a.str() == b.str();
+  if (a.is_string()) {
+    charge_bytes(std::min(a.str().size(), b.str().size()));
+    return a.str() == b.str();
+  }
   if (a.is_array()) {
     const Array &x = a.array(), &y = b.array();
     if (x.size() != y.size()) return false;
@@ -104,11 +141,15 @@ bool equals(const Value& a, const Value& b) {
 }
 
 bool less(const Value& a, const Value& b) {
+  charge(1);
   if (a.is_number() && b.is_number()) {
     if (a.is_float() || b.is_float()) return a.as_double() < b.as_double();
     return to_int(a, "") < to_int(b, "");
   }
-  if (a.is_string() && b.is_string()) return a.str() < b.str();
+  if (a.is_string() && b.is_string()) {
+    charge_bytes(std::min(a.str().size(), b.str().size()));
+    return a.str() < b.str();
+  }
   if (a.is_array() && b.is_array()) {
     const Array &x = a.array(), &y = b.array();
     for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
@@ -123,6 +164,7 @@ bool contains(const Value& container, const Value& needle) {
   if (container.is_string()) {
     if (!needle.is_string())
       type_fail("'in <string>' requires string as left operand, not " + type_name(needle));
+    charge_bytes(container.str().size());
     return container.str().find(needle.str()) != std::string::npos;
   }
   if (container.is_dict()) return needle.is_string() && container.object().find(needle.str());
@@ -216,22 +258,32 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
   if (a.is_number() && b.is_number()) {
     bool ints = !a.is_float() && !b.is_float();
     if (ints) {
-      int64_t x = to_int(a, ""), y = to_int(b, "");
-      if (op == "+") return x + y;
-      if (op == "-") return x - y;
-      if (op == "*") return x * y;
+      int64_t x = to_int(a, ""), y = to_int(b, ""), r;
+      const bool add = op == "+", sub = op == "-", mul = op == "*";
+      if (add || sub || mul) {
+        if (add ? __builtin_add_overflow(x, y, &r) : sub ? __builtin_sub_overflow(x, y, &r)
+                                                         : __builtin_mul_overflow(x, y, &r))
+          overflow_fail();
+        return r;
+      }
       if (op == "//" || op == "%") {
         if (y == 0) type_fail("integer division or modulo by zero");
-        int64_t q = x / y, r = x % y;
+        if (x == std::numeric_limits<int64_t>::min() && y == -1) overflow_fail();
+        int64_t q = x / y;
+        r = x % y;
         if (r != 0 && ((r < 0) != (y < 0))) {
           --q;
           r += y;
         }
         return op == "//" ? q : r;
       }
-      if (op == "**" && y >= 0) {
-        int64_t r = 1;
-        for (int64_t i = 0; i < y; ++i) r *= x;
+      if (op == "**" && y >= 0) {  // by squaring: y may be huge, and the result must fit
+        int64_t base = x;
+        r = 1;
+        for (; y > 0; y >>= 1) {
+          if ((y & 1) && __builtin_mul_overflow(r, base, &r)) overflow_fail();
+          if (y > 1 && __builtin_mul_overflow(base, base, &base)) overflow_fail();
+        }
         return r;
       }
     }
@@ -250,22 +302,34 @@ Value arithmetic(const std::string& op, const Value& a, const Value& b) {
     }
     return bad();
   }
-  if (op == "+" && a.is_string() && b.is_string()) return a.str() + b.str();
+  if (op == "+" && a.is_string() && b.is_string()) {
+    check_string_size(a.str().size() + b.str().size(), "string concatenation");
+    charge_bytes(a.str().size() + b.str().size());
+    return a.str() + b.str();
+  }
   if (op == "+" && a.is_array() && b.is_array()) {
+    check_list_size(a.array().size() + b.array().size(), "list concatenation");
+    charge(a.array().size() + b.array().size());
     Array out = a.array();
     out.insert(out.end(), b.array().begin(), b.array().end());
     return out;
   }
   if (op == "*" && ((a.is_string() || a.is_array()) && (b.is_int() || b.is_bool()))) {
-    int64_t n = std::max<int64_t>(0, to_int(b, ""));
-    size_t unit = a.is_string() ? a.str().size() : a.array().size();
-    if (unit * static_cast<size_t>(n) > kMaxSequence) type_fail("repetition result too large");
+    const size_t unit = a.is_string() ? a.str().size() : a.array().size();
+    const int64_t n = unit == 0 ? 0 : std::max<int64_t>(0, to_int(b, ""));  // '' * 10**18 is ''; no loop
+    uint64_t total;
+    if (__builtin_mul_overflow(uint64_t(unit), uint64_t(n), &total)) total = UINT64_MAX;
+    if (a.is_string()) check_string_size(total, "repetition result");
+    else check_list_size(total, "repetition result");
+    charge(1 + total / (a.is_string() ? kBytesPerStep : 1));
     if (a.is_string()) {
       std::string out;
+      out.reserve(size_t(total));
       for (int64_t i = 0; i < n; ++i) out += a.str();
       return out;
     }
     Array out;
+    out.reserve(size_t(total));
     for (int64_t i = 0; i < n; ++i) out.insert(out.end(), a.array().begin(), a.array().end());
     return out;
   }
@@ -286,13 +350,18 @@ std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& st
   };
   int64_t b = adjust(start, st > 0 ? 0 : n - 1), e = adjust(stop, st > 0 ? n : -1);
   std::vector<size_t> out;
-  for (int64_t i = b; st > 0 ? i < e : i > e; i += st) out.push_back(static_cast<size_t>(i));
+  for (int64_t i = b; st > 0 ? i < e : i > e;) {
+    out.push_back(static_cast<size_t>(i));
+    if (__builtin_add_overflow(i, st, &i)) break;  // a step past the end of int64 is past the end
+  }
+  charge(out.size());
   return out;
 }
 
 Value call_method(const Value& self, const std::string& name, CallArgs& a) {
   if (self.is_dict()) {
     const Object& o = self.object();
+    charge(o.entries.size());
     if (name == "items") {
       Array out;
       for (auto& [k, v] : o.entries) {
@@ -336,6 +405,7 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
     Array options = p->is_array() ? p->array() : Array{*p};
     for (auto& opt : options) {
       std::string o = need_string(opt, "startswith/endswith argument");
+      charge_bytes(o.size());
       if (o.size() <= s.size() && s.compare(prefix ? 0 : s.size() - o.size(), o.size(), o) == 0) return true;
     }
     return false;
@@ -347,6 +417,7 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
   if (name == "split" || name == "rsplit") {
     int64_t maxsplit = to_int(arg_or(a, 1, "maxsplit", int64_t{-1}), "maxsplit");
     if (name == "rsplit" && maxsplit >= 0) type_fail("rsplit with maxsplit is not supported");
+    if (opt_string(a, 0, "sep") == "") type_fail("empty separator");
     Array out;
     for (auto& piece : pystr::split(s, opt_string(a, 0, "sep"), maxsplit)) out.emplace_back(piece);
     return out;
@@ -382,20 +453,25 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
     std::string out;
     bool first = true;
     for (auto& item : iterate(*items)) {
+      const std::string piece = need_string(item, "join item");
+      check_string_size(out.size() + s.size() + piece.size(), "join result");
+      charge_bytes(s.size() + piece.size());
       if (!first) out += s;
       first = false;
-      out += need_string(item, "join item");
+      out += piece;
     }
     return out;
   }
   if (name == "removeprefix" || name == "removesuffix") {
     std::string affix_str = need_string(arg_or(a, 0, "affix", ""), "affix");
+    charge_bytes(s.size());
     bool pre = name == "removeprefix";
     if (affix_str.size() <= s.size() && s.compare(pre ? 0 : s.size() - affix_str.size(), affix_str.size(), affix_str) == 0)
       return pre ? s.substr(affix_str.size()) : s.substr(0, s.size() - affix_str.size());
     return s;
   }
   if (name == "format") {
+    charge_bytes(s.size());
     std::string out;
     size_t next_auto = 0;
     for (size_t i = 0; i < s.size(); ++i) {
@@ -407,10 +483,13 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
       std::string field = s.substr(i + 1, close - i - 1);
       const Value* v = nullptr;
       if (field.empty()) v = arg(a, next_auto++, "\x01");
-      else if (std::all_of(field.begin(), field.end(), ::isdigit)) v = arg(a, std::stoul(field), "\x01");
+      else if (field.size() < 10 && std::all_of(field.begin(), field.end(), ::isdigit)) v = arg(a, std::stoul(field), "\x01");
       else v = arg(a, SIZE_MAX, field);
       if (!v) type_fail("format(): no argument for field {" + field + "}");
-      out += to_str(*v);
+      const std::string text = to_str(*v);
+      check_string_size(out.size() + text.size(), "format() result");
+      charge_bytes(text.size());
+      out += text;
       i = close;
     }
     return out;
@@ -423,6 +502,7 @@ Value call_method(const Value& self, const std::string& name, CallArgs& a) {
   if (name == "isalpha") return all([&](char32_t c) { return ascii(c, ::isalpha); });
   if (name == "isalnum") return all([&](char32_t c) { return ascii(c, ::isalnum); });
   if (name == "isspace") return all([](char32_t c) { return pystr::is_space(c); });
+  charge_bytes(s.size());
   bool has_lower = s.find_first_of("abcdefghijklmnopqrstuvwxyz") != std::string::npos;
   bool has_upper = s.find_first_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ") != std::string::npos;
   if (name == "islower") return has_lower && !has_upper;
@@ -489,6 +569,7 @@ Value round_value(const Value& v, CallArgs& a) {
 }
 
 std::string html_escape(const std::string& s) {
+  charge_bytes(s.size());
   std::string out;
   for (char c : s) {
     switch (c) {
@@ -517,12 +598,16 @@ std::string title_filter(const std::string& s) {
 
 std::string indent_filter(const std::string& s, CallArgs& a) {
   Value width = arg_or(a, 0, "width", int64_t{4});
-  std::string pad = width.is_string() ? width.str() : std::string(static_cast<size_t>(std::max<int64_t>(0, to_int(width, "width"))), ' ');
+  const int64_t n_spaces = width.is_string() ? 0 : std::max<int64_t>(0, to_int(width, "width"));
+  check_string_size(uint64_t(n_spaces), "indent");
+  std::string pad = width.is_string() ? width.str() : std::string(static_cast<size_t>(n_spaces), ' ');
   bool first = truthy(arg_or(a, 1, "first", false)), blank = truthy(arg_or(a, 2, "blank", false));
   std::vector<std::string> lines = pystr::split(pystr::replace(s, "\r\n", "\n", -1), std::string("\n"), -1);
   if (!lines.empty() && lines.back().empty() && lines.size() > 1) lines.pop_back();  // s + "\n" quirk
   std::string out = lines.empty() ? "" : lines[0];
   for (size_t i = 1; i < lines.size(); ++i) {
+    check_string_size(out.size() + 1 + pad.size() + lines[i].size(), "indent result");
+    charge_bytes(pad.size() + lines[i].size());
     out += "\n";
     if (blank || !lines[i].empty()) out += pad;
     out += lines[i];
@@ -596,9 +681,12 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a, Runtime
     std::string out;
     bool first = true;
     for (auto& item : seq()) {
+      const std::string piece = to_str(attribute ? get_dotted(item, to_str(*attribute)) : item);
+      check_string_size(out.size() + sep.size() + piece.size(), "join result");
+      charge_bytes(sep.size() + piece.size());
       if (!first) out += sep;
       first = false;
-      out += to_str(attribute ? get_dotted(item, to_str(*attribute)) : item);
+      out += piece;
     }
     return out;
   }
@@ -626,6 +714,7 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a, Runtime
   if (name == "abs") {
     if (v.is_float()) return std::fabs(std::get<double>(v.v));
     int64_t i = to_int(v, "abs argument");
+    if (i == std::numeric_limits<int64_t>::min()) overflow_fail();
     return i < 0 ? -i : i;
   }
   if (name == "int" || name == "float") {
@@ -643,7 +732,8 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a, Runtime
       return fallback;
     }
     if (name == "float") return d;
-    if (!std::isfinite(d)) return fallback;
+    // Python's int() of a huge float is a huge int; ours must fit 64 bits (2^63 itself does not).
+    if (!std::isfinite(d) || std::fabs(d) >= 0x1p63) return fallback;
     return static_cast<int64_t>(std::trunc(d));
   }
   if (name == "round") return round_value(v, a);
@@ -727,7 +817,12 @@ Value apply_filter(const std::string& name, const Value& v, CallArgs& a, Runtime
   type_fail("unknown filter '" + name + "'");
 }
 
-FramePtr make_globals() {
+Runtime::~Runtime() {
+  for (const auto& weak : namespaces)
+    if (auto ns = weak.lock()) ns->entries.clear();
+}
+
+FramePtr make_globals(Runtime& rt) {
   auto g = std::make_shared<Frame>();
   g->vars["raise_exception"] = make_function("raise_exception", [](CallArgs& a) -> Value {
     throw TemplateRaised(to_str(arg_or(a, 0, "message", "")));
@@ -743,17 +838,20 @@ FramePtr make_globals() {
       if (a.positional.size() == 3) step = to_int(a.positional[2], "range step");
     }
     if (step == 0) type_fail("range() arg 3 must not be zero");
-    const int64_t span = step > 0 ? stop - start : start - stop;
-    const int64_t count = span <= 0 ? 0 : (span - 1) / (step > 0 ? step : -step) + 1;
-    if (count > static_cast<int64_t>(kMaxSequence)) type_fail(str_cat("range of ", count, " elements is too large"));
+    // In 128 bits: start, stop and step may each be any int64, and the span or -step may not fit.
+    const __int128 span = step > 0 ? __int128(stop) - start : __int128(start) - stop;
+    const __int128 count = span <= 0 ? 0 : (span - 1) / (step > 0 ? __int128(step) : -__int128(step)) + 1;
+    check_list_size(uint64_t(std::min<__int128>(count, UINT64_MAX)), "range() result");
+    charge(uint64_t(count));
     Array out;
     out.reserve(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) out.emplace_back(start + i * step);
+    for (int64_t i = 0; i < count; ++i) out.emplace_back(int64_t(__int128(start) + __int128(i) * step));
     return out;
   });
-  auto record = [](Object::Kind kind) {
-    return [kind](CallArgs& a) -> Value {
+  auto record = [&rt](Object::Kind kind) {
+    return [kind, &rt](CallArgs& a) -> Value {
       auto o = std::make_shared<Object>(kind);
+      if (kind == Object::Kind::Namespace) rt.namespaces.push_back(o);
       for (auto& p : a.positional) {
         if (!p.is_dict()) type_fail("dict()/namespace() positional argument must be a mapping");
         for (auto& [k, v] : p.object().entries) o->set(k, v);
@@ -860,7 +958,9 @@ Value UnaryExpr::eval(Runtime& rt, const FramePtr& frame) const {
   if (!v.is_number()) runtime_fail(line, "bad operand type for unary " + op + ": '" + type_name(v) + "'");
   if (op == "+") return v.is_bool() ? Value(to_int(v, "")) : v;
   if (v.is_float()) return -std::get<double>(v.v);
-  return -to_int(v, "");
+  const int64_t i = to_int(v, "");
+  if (i == std::numeric_limits<int64_t>::min()) overflow_fail();
+  return -i;
 }
 
 Value BinaryExpr::eval(Runtime& rt, const FramePtr& frame) const {
@@ -868,7 +968,13 @@ Value BinaryExpr::eval(Runtime& rt, const FramePtr& frame) const {
   if (op == "and") return truthy(l) ? right->eval(rt, frame) : l;
   if (op == "or") return truthy(l) ? l : right->eval(rt, frame);
   Value r = right->eval(rt, frame);
-  if (op == "~") return to_str(l) + to_str(r);
+  if (op == "~") {
+    std::string text = to_str(l);
+    const std::string right_text = to_str(r);
+    check_string_size(text.size() + right_text.size(), "~ result");
+    charge_bytes(text.size() + right_text.size());
+    return text + right_text;
+  }
   return arithmetic(op, l, r);
 }
 
@@ -901,7 +1007,10 @@ Flow exec_body(const Body& body, Runtime& rt, const FramePtr& frame, std::string
   for (auto& stmt : body) {
     Flow f;
     try {
+      charge(1);
       f = stmt->exec(rt, frame, out);
+      // Every output buffer (the render's, a set block's, a macro's) passes through here.
+      check_string_size(out.size(), "output");
     } catch (const TemplateRaised&) {
       throw;
     } catch (const TemplateError& e) {
@@ -943,6 +1052,7 @@ Flow ForStmt::exec(Runtime& rt, const FramePtr& frame, std::string& out) const {
   if (filter) {
     Array kept;
     for (auto& item : items) {
+      charge(1);
       auto scope = std::make_shared<Frame>();
       scope->parent = frame;
       bind_targets(*scope, targets, item, line);
@@ -952,6 +1062,7 @@ Flow ForStmt::exec(Runtime& rt, const FramePtr& frame, std::string& out) const {
   }
   const int64_t n = static_cast<int64_t>(items.size());
   for (int64_t i = 0; i < n; ++i) {
+    charge(1);
     auto scope = std::make_shared<Frame>();
     scope->parent = frame;
     bind_targets(*scope, targets, items[static_cast<size_t>(i)], line);
@@ -989,8 +1100,10 @@ Flow SetStmt::exec(Runtime& rt, const FramePtr& frame, std::string& out) const {
     if (!ns || !ns->is_object() || ns->object().kind != Object::Kind::Namespace)
       runtime_fail(line, "cannot assign attribute on non-namespace object '" + targets[0] + "'");
     ns->object().set(attribute, std::move(v));
+    check_nesting(*ns);  // after the assignment: the value may contain the namespace itself
     return Flow::Normal;
   }
+  check_nesting(v);
   bind_targets(*frame, targets, v, line);
   return Flow::Normal;
 }
@@ -1017,15 +1130,21 @@ Flow MacroStmt::exec(Runtime& rt, const FramePtr& frame, std::string& out) const
       type_fail(str_cat("macro '", name, "' takes ", params.size(), " arguments, got ", a.positional.size()));
     auto scope = std::make_shared<Frame>();
     scope->parent = parent;
-    for (auto& [k, _] : a.keyword) {
+    for (const auto& keyword : a.keyword) {
+      const std::string& k = keyword.first;  // clang 14 cannot capture a structured binding
       if (std::none_of(params.begin(), params.end(), [&](auto& p) { return p.first == k; }))
         type_fail("macro '" + name + "' takes no keyword argument '" + k + "'");
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const Value* given = arg(a, i, params[i].first);
-      if (given) scope->vars[params[i].first] = *given;
-      else if (params[i].second) scope->vars[params[i].first] = params[i].second->eval(*runtime, scope);
-      else scope->vars[params[i].first] = Undefined{"parameter '" + params[i].first + "' was not provided"};
+      if (given) {
+        check_nesting(*given);
+        scope->vars[params[i].first] = *given;
+      } else if (params[i].second) {
+        scope->vars[params[i].first] = params[i].second->eval(*runtime, scope);
+      } else {
+        scope->vars[params[i].first] = Undefined{"parameter '" + params[i].first + "' was not provided"};
+      }
     }
     if (++runtime->macro_depth > kMaxMacroDepth) {
       type_fail("macro recursion deeper than " + std::to_string(kMaxMacroDepth));
@@ -1040,11 +1159,12 @@ Flow MacroStmt::exec(Runtime& rt, const FramePtr& frame, std::string& out) const
 
 }  // namespace detail
 
-std::string Template::render(const Context& context) const {
-  auto root = std::make_shared<detail::Frame>();
-  root->parent = detail::make_globals();
-  for (auto& [k, v] : context) root->vars[k] = v;
+std::string Template::render(const Context& context, uint64_t max_steps) const {
   detail::Runtime rt;
+  detail::RenderBudget budget(max_steps);
+  auto root = std::make_shared<detail::Frame>();
+  root->parent = detail::make_globals(rt);
+  for (auto& [k, v] : context) root->vars[k] = v;
   std::string out;
   detail::exec_body(impl_->body, rt, root, out);
   return out;

@@ -17,6 +17,17 @@
 
 namespace minfer::jinja {
 
+// Limits that keep an untrusted template (it comes from a model file) from hanging the process or
+// exhausting memory. Each one ends the parse or render with a TemplateError that names it.
+// Real chat templates stay far below them: a 1,000-message conversation with tools renders in
+// well under 1% of the step budget.
+inline constexpr size_t kMaxTemplateBytes = size_t(1) << 20;  // template source
+inline constexpr uint64_t kMaxRenderSteps = 10'000'000;      // work units of one render (budget.h)
+inline constexpr size_t kMaxRenderBytes = size_t(16) << 20;   // the output, and any string built
+inline constexpr size_t kMaxSequence = 1'000'000;             // range() and list lengths
+inline constexpr int kMaxMacroDepth = 256;                    // nested macro calls
+inline constexpr int kMaxValueNesting = 100;                  // lists/dicts in lists/dicts, when stored
+
 // Parse errors ("line L, column C: ...") and runtime errors ("line L: ...").
 class TemplateError : public Error {
  public:
@@ -48,8 +59,13 @@ struct Undefined {
 };
 struct None {};
 
+// Strings are immutable and shared, as in Python: copying a value (a variable read, a loop
+// binding, a list element) costs the same whatever its length, so that the step budget
+// (budget.h) measures the work a template does.
+using SharedString = std::shared_ptr<const std::string>;
+
 struct Value {
-  using Storage = std::variant<Undefined, None, bool, int64_t, double, std::string,
+  using Storage = std::variant<Undefined, None, bool, int64_t, double, SharedString,
                                std::shared_ptr<Array>, std::shared_ptr<Object>,
                                std::shared_ptr<Function>>;
   Storage v;
@@ -61,8 +77,8 @@ struct Value {
   Value(int i) : v(int64_t{i}) {}
   Value(int64_t i) : v(i) {}
   Value(double d) : v(d) {}
-  Value(std::string s) : v(std::move(s)) {}
-  Value(const char* s) : v(std::string(s)) {}
+  Value(std::string s) : v(std::make_shared<const std::string>(std::move(s))) {}
+  Value(const char* s) : Value(std::string(s)) {}
   Value(Array a) : v(std::make_shared<Array>(std::move(a))) {}
   Value(std::shared_ptr<Array> a) : v(std::move(a)) {}
   Value(std::shared_ptr<Object> o) : v(std::move(o)) {}
@@ -74,13 +90,13 @@ struct Value {
   bool is_int() const { return std::holds_alternative<int64_t>(v); }
   bool is_float() const { return std::holds_alternative<double>(v); }
   bool is_number() const { return is_int() || is_float() || is_bool(); }  // Python: bool is an int
-  bool is_string() const { return std::holds_alternative<std::string>(v); }
+  bool is_string() const { return std::holds_alternative<SharedString>(v); }
   bool is_array() const { return std::holds_alternative<std::shared_ptr<Array>>(v); }
   bool is_object() const { return std::holds_alternative<std::shared_ptr<Object>>(v); }
   bool is_dict() const;  // an object with dict semantics (not a namespace / loop)
   bool is_function() const { return std::holds_alternative<std::shared_ptr<Function>>(v); }
 
-  const std::string& str() const { return std::get<std::string>(v); }
+  const std::string& str() const { return *std::get<SharedString>(v); }
   Array& array() const { return *std::get<std::shared_ptr<Array>>(v); }
   Object& object() const { return *std::get<std::shared_ptr<Object>>(v); }
   Function& function() const { return *std::get<std::shared_ptr<Function>>(v); }
@@ -124,8 +140,9 @@ class Template {
   // Throws TemplateError naming the line and column of the first syntax error.
   static Template parse(std::string_view source);
   // Globals range, dict, namespace, raise_exception and strftime_now are always present;
-  // context entries override them.
-  std::string render(const Context& context) const;
+  // context entries override them. max_steps: the step budget (lower only to fail faster, as the
+  // fuzzer does).
+  std::string render(const Context& context, uint64_t max_steps = kMaxRenderSteps) const;
 
   struct Impl;
 

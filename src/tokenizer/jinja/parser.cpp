@@ -822,6 +822,9 @@ class Parser {
 }  // namespace detail
 
 Template Template::parse(std::string_view source) {
+  if (source.size() > kMaxTemplateBytes)
+    throw TemplateError(str_cat("chat template is ", source.size(), " bytes, more than the limit of ",
+                                kMaxTemplateBytes));
   detail::Lexer lexer(source);
   detail::Parser parser(lexer, lexer.run());
   auto impl = std::make_shared<Impl>();

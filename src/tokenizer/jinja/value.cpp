@@ -4,6 +4,7 @@
 #include <cctype>
 #include <cstdio>
 
+#include "tokenizer/jinja/budget.h"
 #include "tokenizer/jinja/jinja.h"
 #include "tokenizer/jinja/pystr.h"
 
@@ -17,13 +18,16 @@ double Value::as_double() const {
   return std::get<double>(v);
 }
 
+// Entries are searched one by one (dicts are small and keep their order); a long search is work.
 const Value* Object::find(std::string_view key) const {
+  detail::charge(1 + entries.size() / 16);
   for (auto& [k, val] : entries)
     if (k == key) return &val;
   return nullptr;
 }
 
 void Object::set(const std::string& key, Value value) {
+  detail::charge(1 + entries.size() / 16);
   for (auto& [k, val] : entries) {
     if (k == key) {
       val = std::move(value);
@@ -41,7 +45,7 @@ bool truthy(const Value& v) {
         else if constexpr (std::is_same_v<T, bool>) return x;
         else if constexpr (std::is_same_v<T, int64_t>) return x != 0;
         else if constexpr (std::is_same_v<T, double>) return x != 0.0;
-        else if constexpr (std::is_same_v<T, std::string>) return !x.empty();
+        else if constexpr (std::is_same_v<T, SharedString>) return !x->empty();
         else if constexpr (std::is_same_v<T, std::shared_ptr<Array>>) return !x->empty();
         else if constexpr (std::is_same_v<T, std::shared_ptr<Object>>)
           return x->kind != Object::Kind::Dict || !x->entries.empty();
@@ -97,6 +101,7 @@ bool printable(char32_t c) {
 }
 
 std::string string_repr(const std::string& s) {
+  detail::check_string_size(s.size(), "repr() result");
   char quote = (s.find('\'') != std::string::npos && s.find('"') == std::string::npos) ? '"' : '\'';
   std::string out(1, quote);
   for (char32_t c : pystr::decode(s)) {
@@ -111,13 +116,14 @@ std::string string_repr(const std::string& s) {
       else std::snprintf(b, sizeof b, "\\u%04x", static_cast<unsigned>(c));
       out += b;
     } else {
-      out += pystr::encode(std::u32string(1, c));
+      out += pystr::encode(std::u32string_view(&c, 1));
     }
   }
   return out + quote;
 }
 
 std::string json_string(const std::string& s) {
+  detail::charge_bytes(s.size());
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
@@ -142,8 +148,14 @@ std::string json_string(const std::string& s) {
 }
 
 void json_into(const Value& v, int indent, int level, std::string& out) {
+  detail::charge(1);
+  detail::check_string_size(out.size(), "tojson result");
   auto newline = [&](int lvl) {
-    if (indent >= 0) out += "\n" + std::string(static_cast<size_t>(indent * lvl), ' ');
+    if (indent < 0) return;
+    const uint64_t spaces = uint64_t(indent) * uint64_t(lvl);
+    detail::check_string_size(out.size() + spaces, "tojson result");
+    detail::charge_bytes(spaces);
+    out += "\n" + std::string(size_t(spaces), ' ');
   };
   const char* item_sep = indent >= 0 ? "," : ", ";
   if (v.is_none()) out += "null";
@@ -152,7 +164,10 @@ void json_into(const Value& v, int indent, int level, std::string& out) {
   else if (v.is_float()) {
     double d = std::get<double>(v.v);
     out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d < 0 ? "-Infinity" : "Infinity") : float_repr(d);
-  } else if (v.is_string()) out += json_string(v.str());
+  } else if (v.is_string()) {
+    detail::check_string_size(out.size() + v.str().size(), "tojson result");
+    out += json_string(v.str());
+  }
   else if (v.is_array()) {
     if (v.array().empty()) {
       out += "[]";
@@ -192,11 +207,15 @@ void json_into(const Value& v, int indent, int level, std::string& out) {
 }  // namespace
 
 std::string repr(const Value& v) {
+  detail::charge(1);
   if (v.is_string()) return string_repr(v.str());
   if (v.is_array()) {
     const Array& a = v.array();
     std::string out = a.is_tuple ? "(" : "[";
-    for (size_t i = 0; i < a.size(); ++i) out += (i ? ", " : "") + repr(a[i]);
+    for (size_t i = 0; i < a.size(); ++i) {
+      out += (i ? ", " : "") + repr(a[i]);
+      detail::check_string_size(out.size(), "repr() result");
+    }
     if (a.is_tuple) return out + (a.size() == 1 ? ",)" : ")");
     return out + "]";
   }
@@ -205,6 +224,7 @@ std::string repr(const Value& v) {
     bool first = true;
     for (auto& [k, item] : v.object().entries) {
       out += (first ? "" : ", ") + string_repr(k) + ": " + repr(item);
+      detail::check_string_size(out.size(), "repr() result");
       first = false;
     }
     out += "}";
@@ -220,7 +240,10 @@ std::string to_str(const Value& v) {
   if (v.is_bool()) return std::get<bool>(v.v) ? "True" : "False";
   if (v.is_int()) return std::to_string(std::get<int64_t>(v.v));
   if (v.is_float()) return float_repr(std::get<double>(v.v));
-  if (v.is_string()) return v.str();
+  if (v.is_string()) {
+    detail::charge_bytes(v.str().size());
+    return v.str();
+  }
   if (v.is_function()) return "<function " + v.function().name + ">";
   return repr(v);
 }
@@ -236,6 +259,7 @@ std::string to_json(const Value& v, int indent) {
 namespace pystr {
 
 std::u32string decode(std::string_view s) {
+  detail::charge_bytes(s.size());
   std::u32string out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size();) {
@@ -260,6 +284,7 @@ std::u32string decode(std::string_view s) {
 }
 
 std::string encode(std::u32string_view s) {
+  detail::charge_bytes(s.size());
   std::string out;
   out.reserve(s.size());
   for (char32_t c : s) {
@@ -302,11 +327,14 @@ std::string strip(std::string_view s, const std::optional<std::string>& chars, b
 
 std::vector<std::string> split(std::string_view s, const std::optional<std::string>& sep, int64_t maxsplit) {
   std::vector<std::string> out;
+  auto check_pieces = [&] { detail::check_list_size(out.size() + 1, "split() result"); };
   if (sep) {
+    detail::charge_bytes(s.size());
     size_t start = 0;
     while (maxsplit < 0 || static_cast<int64_t>(out.size()) < maxsplit) {
       size_t at = s.find(*sep, start);
       if (at == std::string_view::npos) break;
+      check_pieces();
       out.emplace_back(s.substr(start, at - start));
       start = at + sep->size();
     }
@@ -326,6 +354,7 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
     }
     size_t j = i;
     while (j < u.size() && !is_space(u[j])) ++j;
+    check_pieces();
     out.push_back(encode(std::u32string_view(u).substr(i, j - i)));
     i = j;
   }
@@ -334,25 +363,31 @@ std::vector<std::string> split(std::string_view s, const std::optional<std::stri
 
 std::string replace(std::string_view s, std::string_view old, std::string_view repl, int64_t count) {
   std::string out;
+  auto append_repl = [&] {
+    detail::check_string_size(out.size() + repl.size(), "replace() result");
+    detail::charge_bytes(repl.size());
+    out.append(repl);
+  };
   if (old.empty()) {  // Python inserts repl between every character
     std::u32string u = decode(s);
     int64_t done = 0;
     for (size_t i = 0; i <= u.size(); ++i) {
       if (count < 0 || done < count) {
-        out += repl;
+        append_repl();
         ++done;
       }
       if (i < u.size()) out += encode(std::u32string(1, u[i]));
     }
     return out;
   }
+  detail::charge_bytes(s.size());
   size_t start = 0;
   int64_t done = 0;
   while (count < 0 || done < count) {
     size_t at = s.find(old, start);
     if (at == std::string_view::npos) break;
     out.append(s.substr(start, at - start));
-    out.append(repl);
+    append_repl();
     start = at + old.size();
     ++done;
   }
@@ -437,6 +472,7 @@ std::string title(std::string_view s) {
 }
 
 int64_t count(std::string_view s, std::string_view sub) {
+  detail::charge_bytes(s.size());
   if (sub.empty()) return static_cast<int64_t>(length(s)) + 1;
   int64_t n = 0;
   for (size_t at = s.find(sub); at != std::string_view::npos; at = s.find(sub, at + sub.size())) ++n;
@@ -444,12 +480,14 @@ int64_t count(std::string_view s, std::string_view sub) {
 }
 
 int64_t find(std::string_view s, std::string_view sub, bool reverse) {
+  detail::charge_bytes(s.size());
   size_t at = reverse ? s.rfind(sub) : s.find(sub);
   if (at == std::string_view::npos) return -1;
   return static_cast<int64_t>(length(s.substr(0, at)));
 }
 
 size_t length(std::string_view s) {
+  detail::charge_bytes(s.size());
   size_t n = 0;
   for (unsigned char c : s) n += (c & 0xc0) != 0x80;
   return n;
