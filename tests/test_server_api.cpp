@@ -104,6 +104,10 @@ TEST(ServerApi, Sampling) {
   EXPECT_EQ(r.sampling.seed, uint64_t(-3));
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(chat(R"(,"temperature":null)").sampling.temperature, 1.0f);  // null is absent
+  // top_k -1 is "off" (as vLLM), which the sampler spells 0; every accepted request passes its rules.
+  EXPECT_EQ(chat(R"(,"top_k":-1)").sampling.top_k, 0);
+  for (const char* extra : {R"(,"top_k":-1)", R"(,"temperature":2,"top_p":1,"repetition_penalty":2)", ""})
+    EXPECT_NO_THROW(chat(extra).sampling.validate()) << extra;
   for (const auto& [extra, param] : std::vector<std::pair<std::string, std::string>>{
            {R"(,"temperature":2.5)", "temperature"},
            {R"(,"temperature":"hot")", "temperature"},

@@ -23,9 +23,15 @@ int int_dot(const Q* q, const int8_t* a, int from, int to) {
   return s;
 }
 
-float term_qk(float d, float dmin, int sc, int m, int isum, const BlockQ8Pad40& a) {
-  const float d_sc = d * float(sc), dmin_m = dmin * float(m);
-  return f16_to_f32(a.d) * std::fma(d_sc, float(isum), -(dmin_m * float(a.sum)));
+// Term j of a q4_K / q5_K super-block: d * sc and dmin * m per sub-block, one fma.
+template <typename Block>
+float term_qk(const Block& b, int j, void (*unpack)(const Block&, int, uint8_t*), const BlockQ8Pad40& a) {
+  uint8_t q[32];
+  int sc, m;
+  unpack(b, j, q);
+  k_scale_min(b.scales, j, sc, m);
+  const float d_sc = f16_to_f32(b.d) * float(sc), dmin_m = f16_to_f32(b.dmin) * float(m);
+  return f16_to_f32(a.d) * std::fma(d_sc, float(int_dot(q, a.qs, 0, 32)), -(dmin_m * float(a.sum)));
 }
 
 // Term j (sub-block j of group g) of the row, or +0 past its end.
@@ -35,22 +41,8 @@ float term(GgmlType t, const uint8_t* row, const BlockQ8Pad40* x, int64_t cols, 
   const BlockQ8Pad40& a = x[blk];
   const float da = f16_to_f32(a.d);
   switch (t) {
-    case GgmlType::Q4_K: {
-      const auto& b = reinterpret_cast<const BlockQ4_K*>(row)[g];
-      uint8_t q[32];
-      int sc, m;
-      unpack_q4_K_group(b, j, q);
-      k_scale_min(b.scales, j, sc, m);
-      return term_qk(f16_to_f32(b.d), f16_to_f32(b.dmin), sc, m, int_dot(q, a.qs, 0, 32), a);
-    }
-    case GgmlType::Q5_K: {
-      const auto& b = reinterpret_cast<const BlockQ5_K*>(row)[g];
-      uint8_t q[32];
-      int sc, m;
-      unpack_q5_K_group(b, j, q);
-      k_scale_min(b.scales, j, sc, m);
-      return term_qk(f16_to_f32(b.d), f16_to_f32(b.dmin), sc, m, int_dot(q, a.qs, 0, 32), a);
-    }
+    case GgmlType::Q4_K: return term_qk(reinterpret_cast<const BlockQ4_K*>(row)[g], j, unpack_q4_K_group, a);
+    case GgmlType::Q5_K: return term_qk(reinterpret_cast<const BlockQ5_K*>(row)[g], j, unpack_q5_K_group, a);
     case GgmlType::Q6_K: {
       const auto& b = reinterpret_cast<const BlockQ6_K*>(row)[g];
       int8_t q[32];
