@@ -229,5 +229,17 @@ TEST(HostileInput, NanEpsilonModelIsRefusedNotRun) {
                "attention.layer_norm_rms_epsilon = nan is out of range");
 }
 
+// A context the model allows but the machine cannot hold: the KV cache is sized before anything is
+// allocated and refused with the numbers (needed, available) and the flag to change.
+TEST(HostileInput, AContextThatCannotFitIsRefusedWithTheNumbers) {
+  const std::string arch = gguf::File::open(default_model()).get_string("general.architecture");
+  const std::string path = default_model_with(test::temp_dir("hostile-ctx"), arch + ".context_length",
+                                              gguf::Value::from_u32(1u << 30));
+  const Result r = minfer("run -m " + path + " -c 1073741824 -p hi -n 2 --backend cpu");
+  expect_error(r, "lower -c (context size 1073741824)");
+  EXPECT_NE(r.out.find(" need "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" of memory are available"), std::string::npos) << r.out;
+}
+
 }  // namespace
 }  // namespace minfer

@@ -104,9 +104,19 @@ TEST(ServerApi, Sampling) {
   EXPECT_EQ(r.sampling.seed, uint64_t(-3));
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(chat(R"(,"temperature":null)").sampling.temperature, 1.0f);  // null is absent
+  // The ranges are the sampler's rules, with the CLI's message spelled with the request field.
+  try {
+    parse_generation_request(Endpoint::Chat, R"({"messages":[{"role":"user","content":"hi"}],"top_p":2})", kLimits);
+    ADD_FAILURE() << "top_p 2 accepted";
+  } catch (const ApiError& err) {
+    EXPECT_EQ(err.body()["error"]["message"], "top_p 2 is out of range: top_p must be in (0, 1]");
+  }
+  SamplerParams cli_rules;
+  cli_rules.top_p = 2;
+  EXPECT_THROW(cli_rules.validate(), Error);
   // top_k -1 is "off" (as vLLM), which the sampler spells 0; every accepted request passes its rules.
   EXPECT_EQ(chat(R"(,"top_k":-1)").sampling.top_k, 0);
-  for (const char* extra : {R"(,"top_k":-1)", R"(,"temperature":2,"top_p":1,"repetition_penalty":2)", ""})
+  for (const char* extra : {R"(,"top_k":-1)", R"(,"temperature":2,"top_p":1,"repetition_penalty":3)", ""})
     EXPECT_NO_THROW(chat(extra).sampling.validate()) << extra;
   for (const auto& [extra, param] : std::vector<std::pair<std::string, std::string>>{
            {R"(,"temperature":2.5)", "temperature"},
@@ -116,6 +126,7 @@ TEST(ServerApi, Sampling) {
            {R"(,"top_k":-2)", "top_k"},
            {R"(,"min_p":2)", "min_p"},
            {R"(,"presence_penalty":3)", "presence_penalty"},
+           {R"(,"repetition_penalty":0)", "repetition_penalty"},
            {R"(,"frequency_penalty":-2.1)", "frequency_penalty"},
            {R"(,"seed":1.5)", "seed"},
            {R"(,"ignore_eos":1)", "ignore_eos"}})

@@ -30,16 +30,22 @@ int64_t Engine::memory_needed(const Backend& b, int n_blocks, int block_size, in
 
 Engine::Engine(const Model& model, const EngineOptions& o) : Engine(model, o, make_backend(model, o.backend, o.n_threads)) {}
 
-Engine::Engine(const Model& model, const EngineOptions& o, std::unique_ptr<Backend> backend)
-    : model_(model), backend_(std::move(backend)), kv_(o.n_blocks, o.block_size) {
+// The pool's block count, once the KV cache and buffers are known to fit (before anything the
+// size scales is allocated, the pool's own tables included).
+int Engine::checked_blocks(const Backend& b, const EngineOptions& o) {
   if (o.max_tokens <= 0) fail("tokens per step ", o.max_tokens, " must be positive");
-  const int64_t need = memory_needed(*backend_, o.n_blocks, o.block_size, o.max_tokens);
-  const int64_t have = backend_->memory_available();
+  const int64_t need = memory_needed(b, o.n_blocks, o.block_size, o.max_tokens);
+  const int64_t have = b.memory_available();
   if (need > have)
     fail("the KV cache (", o.n_blocks, " blocks of ", o.block_size, " positions, ",
-         mib(int64_t(o.n_blocks) * backend_->kv_block_bytes(o.block_size)), ") and buffers need ", mib(need),
-         " but only ", mib(have), " of ", backend_->name() == "cpu" ? "memory" : "GPU memory",
-         " are available; ", o.memory_hint);
+         mib(int64_t(o.n_blocks) * b.kv_block_bytes(o.block_size)), ") and buffers need ", mib(need),
+         " but only ", mib(have), " of ", b.name() == "cpu" ? "memory" : "GPU memory", " are available; ",
+         o.memory_hint);
+  return o.n_blocks;
+}
+
+Engine::Engine(const Model& model, const EngineOptions& o, std::unique_ptr<Backend> backend)
+    : model_(model), backend_(std::move(backend)), kv_(checked_blocks(*backend_, o), o.block_size) {
   backend_->reserve(o.n_blocks, o.block_size, o.max_tokens);
   backend_name_ = backend_->name();
 }

@@ -50,6 +50,7 @@ class Engine {
   static int64_t memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens);
 
  private:
+  static int checked_blocks(const Backend& b, const EngineOptions& o);
   const Model& model_;
   std::unique_ptr<Backend> backend_;
   KvPool kv_;

@@ -1,7 +1,6 @@
 #include "server/api.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "util/error.h"
 
@@ -27,14 +26,11 @@ const Json* field(const Json& body, const char* name) {
   return it == body.end() || it->is_null() ? nullptr : &*it;
 }
 
-double number_in(const Json& body, const char* name, double fallback, double lo, double hi, bool lo_open = false) {
+double number_or(const Json& body, const char* name, double fallback) {
   const Json* v = field(body, name);
   if (!v) return fallback;
   if (!v->is_number()) bad(name, str_cat("'", name, "' must be a number"));
-  const double x = v->get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
-    bad(name, str_cat("'", name, "' is ", x, "; it must be in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
-  return x;
+  return v->get<double>();
 }
 
 int64_t integer(const Json& v, const std::string& name) {
@@ -134,13 +130,23 @@ void parse_prompt(const Json& body, GenerationRequest& r) {
 
 void parse_sampling(const Json& body, GenerationRequest& r) {
   SamplerParams& s = r.sampling;
-  s.temperature = float(number_in(body, "temperature", 1.0, 0.0, 2.0));
-  s.top_p = float(number_in(body, "top_p", 1.0, 0.0, 1.0, true));
+  // Types here; ranges are the sampler's own rules (SamplerParams::validate), the CLI's too.
+  s.temperature = float(number_or(body, "temperature", 1.0));
+  s.top_p = float(number_or(body, "top_p", 1.0));
   s.top_k = std::max(0, int(integer_in(body, "top_k", -1, 1 << 30).value_or(0)));  // -1 (vLLM's "off") is 0
-  s.min_p = float(number_in(body, "min_p", 0.0, 0.0, 1.0));
-  s.presence_penalty = float(number_in(body, "presence_penalty", 0.0, -2.0, 2.0));
-  s.frequency_penalty = float(number_in(body, "frequency_penalty", 0.0, -2.0, 2.0));
-  s.repeat_penalty = float(number_in(body, "repetition_penalty", 1.0, 0.0, 2.0, true));
+  s.min_p = float(number_or(body, "min_p", 0.0));
+  s.presence_penalty = float(number_or(body, "presence_penalty", 0.0));
+  s.frequency_penalty = float(number_or(body, "frequency_penalty", 0.0));
+  s.repeat_penalty = float(number_or(body, "repetition_penalty", 1.0));
+  std::string refused;  // the request field the sampler's rules refuse
+  try {
+    s.validate([&refused](std::string_view name) {
+      refused = name == "repeat_penalty" ? "repetition_penalty" : std::string(name);
+      return refused;
+    });
+  } catch (const Error& e) {
+    bad(refused, e.what());
+  }
   if (const Json* seed = field(body, "seed")) {
     s.seed = uint64_t(integer(*seed, "seed"));
     r.has_seed = true;
