@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <functional>
+#include <algorithm>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -128,6 +130,60 @@ TEST(Sampler, FrequenciesMatchTemperedSoftmax) {
     chi2 += (c[i] - e) * (c[i] - e) / e;
   }
   EXPECT_LT(chi2, 40.0);  // 5 degrees of freedom: P(chi2 > 40) < 1e-6
+}
+
+// A vocabulary of Qwen's size: the cuts sort only as far as they need, so the kept sets must still
+// be exactly the float64 reference's (the best tokens, in order, up to the top-p mass or above
+// the min-p fraction), including cuts that reach thousands of candidates.
+TEST(Sampler, CutsOnALargeVocabularyKeepExactlyTheReferenceSet) {
+  std::mt19937_64 rng(test::seed());
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(151936);
+  for (float& l : logits) l = normal(rng);
+  std::vector<int32_t> order(logits.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  });
+  const double best = logits[size_t(order[0])];
+  struct Case {
+    int top_k;
+    float top_p, min_p;
+  };
+  for (const Case c : {Case{0, 0.5f, 0.0f}, Case{0, 0.95f, 0.0f}, Case{0, 1.0f, 0.001f}, Case{0, 0.9f, 0.05f},
+                       Case{40, 0.95f, 0.05f}, Case{5000, 0.99f, 0.0f}}) {
+    size_t keep = c.top_k > 0 ? size_t(c.top_k) : order.size();
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += std::exp(logits[size_t(order[i])] - best);
+    if (c.top_p < 1.0f) {
+      double cum = 0;
+      size_t n = 0;
+      while (n < keep && (cum += std::exp(logits[size_t(order[n++])] - best) / total) < c.top_p) {}
+      keep = n;
+    }
+    if (c.min_p > 0.0f) {
+      size_t n = 1;
+      while (n < keep && std::exp(logits[size_t(order[n])] - best) >= c.min_p) ++n;
+      keep = n;
+    }
+    std::vector<bool> allowed(logits.size());
+    for (size_t i = 0; i < keep; ++i) allowed[size_t(order[i])] = true;
+    SamplerParams p = plain(1.5f);
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    Sampler s(p);
+    std::vector<bool> seen(logits.size());
+    size_t distinct = 0;
+    for (int i = 0; i < 200; ++i) {
+      const int32_t t = s.sample(logits, {});
+      ASSERT_TRUE(allowed[size_t(t)]) << "token " << t << " outside the reference set of " << keep << " (top_k "
+                                      << c.top_k << ", top_p " << c.top_p << ", min_p " << c.min_p << ")";
+      if (!seen[size_t(t)]) seen[size_t(t)] = true, ++distinct;
+    }
+    // The draws reach across the set (not only its head): at least min(keep, 60) / 2 distinct.
+    EXPECT_GE(distinct, std::min<size_t>(keep, 60) / 2) << "keep " << keep;
+  }
 }
 
 TEST(Sampler, SeededSamplingIsDeterministic) {

@@ -101,42 +101,65 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   };
   if (greedy()) return std::min_element(cand_.begin(), cand_.end(), better)->second;
 
-  size_t keep = cand_.size();
+  // Candidates are sorted best-first only as far as a cut needs: the first `sorted` entries are
+  // the best in order (unique under `better`, so growing the prefix never reorders it) and the
+  // rest follow unordered. With OpenAI's defaults (no top-k) a full sort of a 150k vocabulary
+  // per token would cost milliseconds; top-p and min-p cuts usually end within a few hundred.
+  size_t keep = cand_.size(), sorted = 0;
+  const auto sort_prefix = [&](size_t n) {
+    n = std::min(n, keep);
+    if (n <= sorted) return;
+    // The next best n - sorted among the unordered rest: a heap of them when they are few (most
+    // candidates cost one comparison with its top), else a linear selection and a sort.
+    const auto first = cand_.begin() + std::ptrdiff_t(sorted), mid = cand_.begin() + std::ptrdiff_t(n),
+               last = cand_.begin() + std::ptrdiff_t(keep);
+    if (64 * (n - sorted) < keep - sorted) {
+      std::partial_sort(first, mid, last, better);
+    } else {
+      std::nth_element(first, mid, last, better);
+      std::sort(first, mid, better);
+    }
+    sorted = n;
+  };
+  const auto grow = [&] { sort_prefix(std::max<size_t>(256, 4 * sorted)); };
   if (p.top_k > 0 && size_t(p.top_k) < keep) {
+    sort_prefix(size_t(p.top_k));
     keep = size_t(p.top_k);
-    std::partial_sort(cand_.begin(), cand_.begin() + keep, cand_.end(), better);
-  } else {
-    std::sort(cand_.begin(), cand_.end(), better);
   }
-  cand_.resize(keep);
-
-  // Probabilities at temperature 1 for top-p and min-p (as llama.cpp's default chain does).
+  sort_prefix(1);
   const float max_logit = cand_[0].first;
-  std::vector<double> prob(keep);
-  double total = 0;
-  for (size_t i = 0; i < keep; ++i) total += prob[i] = std::exp(double(cand_[i].first - max_logit));
+  // Probabilities at temperature 1 for top-p and min-p (as llama.cpp's default chain does),
+  // relative to the best: exp(l_i - l_max).
+  const auto rel = [&](size_t i) { return double(std::exp(cand_[i].first - max_logit)); };  // f32 exp: fast
   if (p.top_p < 1.0f) {
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += rel(i);
     double cum = 0;
     size_t n = 0;
     while (n < keep) {
-      cum += prob[n++] / total;
+      if (n == sorted) grow();
+      cum += rel(n++) / total;
       if (cum >= p.top_p) break;
     }
     keep = n;
   }
   if (p.min_p > 0.0f) {
-    // prob[i] / prob[0] = exp(l_i - l_max), so the cut is independent of normalisation.
     size_t n = 1;
-    while (n < keep && prob[n] >= p.min_p) ++n;
+    while (n < keep) {
+      if (n == sorted) grow();
+      if (rel(n) < p.min_p) break;
+      ++n;
+    }
     keep = n;
   }
   cand_.resize(keep);
 
-  // Temperature, then draw from the remaining distribution.
+  // Temperature, then draw from the remaining distribution (in the candidates' order: best first
+  // where a cut sorted them, else as they are; the distribution is the same).
   std::vector<double> weight(keep);
   double sum = 0;
   for (size_t i = 0; i < keep; ++i)
-    sum += weight[i] = std::exp(double(cand_[i].first - max_logit) / p.temperature);
+    sum += weight[i] = double(std::exp((cand_[i].first - max_logit) / p.temperature));
   const double u = double(rng_() >> 11) * 0x1.0p-53 * sum;  // uniform in [0, sum)
   double cum = 0;
   for (size_t i = 0; i < keep; ++i) {
