@@ -124,6 +124,44 @@ TEST(Batching, GreedyStreamsDoNotDependOnTheBatch) {
   }
 }
 
+// Sampled text: each request samples with its own seed, and the sequences of a step sample in
+// parallel; the tokens are the same one request at a time (max_seqs 1) as twelve at once.
+TEST(Batching, SampledStreamsDoNotDependOnTheBatch) {
+  const auto prompts = test::random_prompts(12, 1, 40, model().hp.n_vocab, 5);
+  const auto run = [&](int max_seqs) {
+    EngineOptions eo;
+    eo.max_tokens = 64;
+    eo.block_size = 16;
+    eo.n_blocks = 12 * 5;
+    Engine engine(model(), eo, cpu_backend()(model()));
+    Scheduler scheduler(engine, {max_seqs, 0, {}});
+    std::vector<std::vector<int32_t>> out(prompts.size());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      Request r;
+      r.prompt = prompts[i];
+      r.max_tokens = 12;
+      r.ignore_eos = true;
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_k = 0;
+      r.sampling.top_p = 0.9f;
+      r.sampling.min_p = 0.0f;
+      r.sampling.seed = test::seed() + i;
+      r.on_token = [&out, i](int, int32_t token, std::span<const float>) {
+        out[i].push_back(token);
+        return true;
+      };
+      scheduler.submit(std::move(r));
+    }
+    while (scheduler.has_work()) scheduler.step();
+    return out;
+  };
+  const auto one_at_a_time = run(1), together = run(12);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(together[i].size(), 12u);
+    EXPECT_EQ(together[i], one_at_a_time[i]) << "prompt " << i;
+  }
+}
+
 // A pool too small for all sequences at once: the newest are preempted (their blocks freed) and
 // recompute when they run again; every request still completes, with the same tokens.
 TEST(Batching, PreemptionWhenBlocksRunOutLosesNothing) {

@@ -97,6 +97,7 @@ struct Options {
   int max_tokens = 128;
   bool ignore_eos = true;
   uint64_t seed = 0;
+  double temperature = 0.0;  // > 0: the server samples (with its other defaults: OpenAI's)
 };
 
 struct RequestResult {
@@ -168,7 +169,7 @@ class SseReader {
 
 RequestResult send_request(httplib::Client& client, const Target& t, const Options& o, const std::string& prompt,
                            int max_tokens) {
-  json body = {{"model", o.model}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0.0},
+  json body = {{"model", o.model}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", o.temperature},
                {"stream", true}, {"stream_options", {{"include_usage", true}}}};
   if (o.ignore_eos) body["ignore_eos"] = true;
   httplib::Request req;
@@ -313,6 +314,9 @@ int run_bench_serve(int argc, char** argv) {
   app.add_option("--max-tokens", o.max_tokens, "tokens to generate per request")->capture_default_str()->check(CLI::Range(1, 1 << 20));
   app.add_option("--requests", requests, "requests per concurrency level (default: 4 per client)")->check(CLI::PositiveNumber);
   app.add_option("--seed", o.seed, "seed of the random prompts")->capture_default_str();
+  app.add_option("--temperature", o.temperature, "sampling temperature sent with every request (0: greedy)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 2.0));
   app.add_flag("--stop-at-eos", stop_at_eos, "let requests end at the end-of-generation token (default: ignore_eos)");
   app.add_option("--json", json_path, "also write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
@@ -339,8 +343,9 @@ int run_bench_serve(int argc, char** argv) {
     if (probe.prompt_tokens > 0)
       o.prompt_words = std::max(1, int(std::lround(double(prompt_tokens) * prompt_tokens / probe.prompt_tokens)));
   }
-  std::printf("bench-serve: %s, model %s, ~%d prompt tokens (%d words), %d generated tokens%s\n\n", url.c_str(),
-              o.model.c_str(), prompt_tokens, o.prompt_words, o.max_tokens, o.ignore_eos ? " (ignore_eos)" : "");
+  std::printf("bench-serve: %s, model %s, ~%d prompt tokens (%d words), %d generated tokens%s, temperature %g\n\n",
+              url.c_str(), o.model.c_str(), prompt_tokens, o.prompt_words, o.max_tokens,
+              o.ignore_eos ? " (ignore_eos)" : "", o.temperature);
 
   std::vector<LevelResult> all;
   for (const int c : levels) {

@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "util/error.h"
+#include "util/threadpool.h"
 
 namespace minfer {
 
@@ -223,8 +224,15 @@ void Scheduler::step() {
 
   if (!step_.empty()) {
     step_.run();
-    std::vector<size_t> done;
-    std::vector<std::unique_ptr<Active>> forks;
+    // Every sequence with an output this step: its logits, argmax and (forks) new choices.
+    struct Pick {
+      Active* a;
+      std::span<const float> logits;
+      int32_t argmax, token = -1;
+      std::unique_ptr<Active> fork;  // a new choice, or null for running_[index]
+      size_t index = 0;
+    };
+    std::vector<Pick> picks;
     int64_t prompt_done = 0, generated = 0;
     for (size_t i = 0; i < running_.size(); ++i) {
       Active& a = *running_[i];
@@ -239,9 +247,28 @@ void Scheduler::step() {
       // The other choices start from the same prompt KV and the same logits.
       while (a.forks_pending > 0) {
         auto f = std::make_unique<Active>(a.id, a.req, a.req->n - a.forks_pending--, a.kv.fork(a.kv.n_tokens()));
-        if (accept(*f, f->pick(argmax, logits), logits, generated)) forks.push_back(std::move(f));
+        picks.push_back({f.get(), logits, argmax, -1, std::move(f)});
       }
-      if (!accept(a, a.pick(argmax, logits), logits, generated)) done.push_back(i);
+      picks.push_back({&a, logits, argmax, -1, nullptr, i});
+    }
+    // Sampling is per sequence (its own sampler and history), so the sequences sample in
+    // parallel; the callbacks below run in order on this thread.
+    const auto pick_range = [&picks](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) picks[size_t(k)].token = picks[size_t(k)].a->pick(picks[size_t(k)].argmax, picks[size_t(k)].logits);
+    };
+    const auto sampled = std::count_if(picks.begin(), picks.end(), [](const Pick& p) { return !plain_greedy(p.a->req->sampling); });
+    if (sampled >= 2) {
+      if (!sampling_pool_) sampling_pool_ = std::make_unique<ThreadPool>(opts_.sampling_threads);
+      sampling_pool_->parallel_for(int64_t(picks.size()), pick_range);
+    } else {
+      pick_range(0, int64_t(picks.size()));
+    }
+    std::vector<size_t> done;
+    std::vector<std::unique_ptr<Active>> forks;
+    for (Pick& p : picks) {
+      const bool more = accept(*p.a, p.token, p.logits, generated);
+      if (p.fork && more) forks.push_back(std::move(p.fork));
+      if (!p.fork && !more) done.push_back(p.index);
     }
     for (auto it = done.rbegin(); it != done.rend(); ++it) running_.erase(running_.begin() + ptrdiff_t(*it));
     for (auto& f : forks) running_.push_back(std::move(f));

@@ -17,6 +17,7 @@
 
 #include "engine/engine.h"
 #include "sampling/sampler.h"
+#include "util/threadpool.h"
 
 namespace minfer {
 
@@ -41,6 +42,7 @@ struct SchedulerOptions {
   int step_tokens = 0;              // token budget per step (0: the engine's max_tokens)
   std::vector<int32_t> end_tokens;  // end-of-generation tokens
   bool prefix_cache = true;         // reuse cached KV blocks of identical prompt prefixes
+  int sampling_threads = 0;         // threads sampling the sequences of a step (0: every core)
 };
 
 // Sequences (one per choice) and the KV pool as of the end of the last step.
@@ -83,6 +85,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Active>> waiting_;
   std::vector<std::unique_ptr<Active>> running_;
   Step step_;
+  std::unique_ptr<ThreadPool> sampling_pool_;  // made at the first step that samples 2+ sequences
 };
 
 }  // namespace minfer
