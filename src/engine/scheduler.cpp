@@ -254,9 +254,13 @@ void Scheduler::step() {
     // Sampling is per sequence (its own sampler and history), so the sequences sample in
     // parallel; the callbacks below run in order on this thread.
     const auto pick_range = [&picks](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) picks[size_t(k)].token = picks[size_t(k)].a->pick(picks[size_t(k)].argmax, picks[size_t(k)].logits);
+      for (int64_t k = begin; k < end; ++k) {
+        Pick& p = picks[size_t(k)];
+        p.token = p.a->pick(p.argmax, p.logits);
+      }
     };
-    const auto sampled = std::count_if(picks.begin(), picks.end(), [](const Pick& p) { return !plain_greedy(p.a->req->sampling); });
+    const auto sampled =
+        std::count_if(picks.begin(), picks.end(), [](const Pick& p) { return !plain_greedy(p.a->req->sampling); });
     if (sampled >= 2) {
       if (!sampling_pool_) sampling_pool_ = std::make_unique<ThreadPool>(opts_.sampling_threads);
       sampling_pool_->parallel_for(int64_t(picks.size()), pick_range);
