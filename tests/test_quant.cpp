@@ -323,6 +323,35 @@ TEST(QuantPad40, MatchesTheRuleBitwise) {
   }
 }
 
+// The grouped form: the same rule with one amax per 256 columns, the row's last group short.
+TEST(QuantPad40, GroupedSharesOneScalePerGroup) {
+  std::vector<float> x = test::random_normal(32 * 67, 3.0f, 10);  // 8 whole groups and a 3-block one
+  for (int j = 0; j < 256; ++j) x[size_t(j)] = 0;                                       // an all-zero group
+  for (int j = 0; j < 256; ++j) x[size_t(256 + j)] = float(j % 32 - 16) * 127.0f / 16;  // exact levels and ties
+  for (int j = 0; j < 256; ++j) x[size_t(512 + j)] = std::ldexp(float(j + 1), -140);    // subnormal inputs
+  for (int j = 0; j < 32; ++j) x[size_t(768 + j)] = 1e30f * float(j % 5 - 2);           // huge
+  x[size_t(32 * 64 + 5)] = 40.0f;
+  // The rule per group, from the per-block form: a group's blocks quantized with the group's amax
+  // are what quantize_row_pad40 gives for a copy whose every block holds that amax.
+  std::vector<BlockQ8Pad40> got(x.size() / 32), want(x.size() / 32);
+  quantize_row_pad40_grouped(x.data(), got.data(), int64_t(x.size()));
+  for (size_t g0 = 0; g0 < x.size(); g0 += 256) {
+    const size_t g1 = std::min(x.size(), g0 + 256);
+    float amax = 0;
+    for (size_t i = g0; i < g1; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+    const float d = amax / 127.0f, id = d != 0 ? 1.0f / d : 0.0f;
+    for (size_t b = g0 / 32; b < g1 / 32; ++b) {
+      want[b].d = f32_to_f16(d);
+      for (int j = 0; j < 32; ++j) {
+        want[b].qs[j] = int8_t(std::min(127, std::max(-128, int(rintf(x[32 * b + size_t(j)] * id)))));
+        want[b].sum += want[b].qs[j];
+      }
+    }
+  }
+  ASSERT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(BlockQ8Pad40)), 0);
+  EXPECT_EQ(f16_to_f32(got[64].d), f16_to_f32(f32_to_f16(40.0f / 127.0f)));  // the short group's own scale
+}
+
 // ---- dot kernels ---------------------------------------------------------------------------
 
 const GgmlType kPad40Types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
@@ -433,7 +462,8 @@ TEST(QuantDot, CanonicalOrderMatchesFloat64Reference) {
       const auto w = random_weight_row(t, n, rng, [](std::mt19937_64& r) {
         return std::ldexp(1.0f, uniform_int(r, -12, -4)) * (1.0f + float(r() % 1000) / 1000.0f);
       });
-      const auto x = random_pad40(n, rng, false);
+      auto x = random_pad40(n, rng, false);
+      for (size_t b = 0; b < x.size(); ++b) x[b].d = x[b / 8 * 8].d;  // one scale per group, as grouped
       double abs_sum = 0;
       const double want = reference_dot(t, w.data(), x, n, &abs_sum);
       EXPECT_NEAR(canonical_dot(t, w.data(), x.data(), n), want, 1e-5 * abs_sum + 1e-30)

@@ -1,6 +1,6 @@
 // minfer bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [--batch 1,8,32,64] [-r 5]
 //              [-o md|json|csv] [--census] [--sweep FILE.csv]
-// llama-bench's table (model, size, params, backend, test, t/s mean ± sd) plus the share of the
+// llama-bench's table (model, size, params, backend, test, t/s median ± sd of the reps) plus the share of the
 // memory roofline: bytes one decode step reads (weights once, plus every sequence's KV) / the
 // device-to-device copy rate measured here. --batch B runs B sequences decoding together
 // ("tg128 x32": aggregate t/s of all B, and the time of one step).
@@ -39,6 +39,12 @@ struct Row {
     double s = 0;
     for (double v : tps) s += v;
     return s / double(tps.size());
+  }
+  double median() const {
+    std::vector<double> v = tps;
+    std::sort(v.begin(), v.end());
+    const size_t h = v.size() / 2;
+    return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
   }
   double sd() const {
     if (tps.size() < 2) return 0;
@@ -154,8 +160,8 @@ void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, cons
   for (const Row& r : rows)
     if (r.is_tg && r.batch == 1) tg.push_back(&r);
   std::ostringstream csv;
-  csv << "depth,tg_tokens,tps_mean,tps_sd\n";
-  for (const Row* r : tg) csv << r->depth << "," << r->n << "," << r->mean() << "," << r->sd() << "\n";
+  csv << "depth,tg_tokens,tps_median,tps_sd\n";
+  for (const Row* r : tg) csv << r->depth << "," << r->n << "," << r->median() << "," << r->sd() << "\n";
   std::string svg_path = csv_path;
   const size_t dot = svg_path.rfind('.');
   svg_path = (dot == std::string::npos ? svg_path : svg_path.substr(0, dot)) + ".svg";
@@ -164,7 +170,7 @@ void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, cons
   double max_d = 1, max_t = 1;
   for (const Row* r : tg) {
     max_d = std::max(max_d, double(r->depth));
-    max_t = std::max(max_t, r->mean() * 1.1);
+    max_t = std::max(max_t, r->median() * 1.1);
   }
   auto X = [&](double d) { return L + (W - L - R) * d / max_d; };
   auto Y = [&](double t) { return H - B - (H - T - B) * t / max_t; };
@@ -181,10 +187,10 @@ void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, cons
         << "<text x='" << X(d) << "' y='" << H - B + 16 << "' text-anchor='middle'>" << int(d) << "</text>\n";
   }
   svg << "<polyline fill='none' stroke='steelblue' stroke-width='2' points='";
-  for (const Row* r : tg) svg << X(r->depth) << "," << Y(r->mean()) << " ";
+  for (const Row* r : tg) svg << X(r->depth) << "," << Y(r->median()) << " ";
   svg << "'/>\n";
   for (const Row* r : tg)
-    svg << "<circle cx='" << X(r->depth) << "' cy='" << Y(r->mean()) << "' r='3' fill='steelblue'/>\n";
+    svg << "<circle cx='" << X(r->depth) << "' cy='" << Y(r->median()) << "' r='3' fill='steelblue'/>\n";
   svg << "</svg>\n";
   for (const auto& [path, text] : {std::pair{csv_path, csv.str()}, std::pair{svg_path, svg.str()}}) {
     OutputFile out(path);
@@ -277,7 +283,7 @@ int run_bench(int argc, char** argv) {
       bench.prompt(p);  // warm-up
       for (int i = 0; i < reps; ++i) r.tps.push_back(p / bench.prompt(p));
       rows.push_back(r);
-      std::fprintf(stderr, "bench: %-20s %10.2f t/s\n", r.test.c_str(), r.mean());
+      std::fprintf(stderr, "bench: %-20s %10.2f t/s\n", r.test.c_str(), r.median());
     }
     for (int n : ns) {
       if (n <= 0) continue;
@@ -286,7 +292,7 @@ int run_bench(int argc, char** argv) {
         bench.generate(std::min(n, 8), b);  // warm-up (captures the decode graph)
         for (int i = 0; i < reps; ++i) r.tps.push_back(double(n) * b / bench.generate(n, b));
         rows.push_back(r);
-        std::fprintf(stderr, "bench: %-20s %10.2f t/s\n", r.test.c_str(), r.mean());
+        std::fprintf(stderr, "bench: %-20s %10.2f t/s\n", r.test.c_str(), r.median());
       }
     }
   }
@@ -298,7 +304,7 @@ int run_bench(int argc, char** argv) {
   std::snprintf(params_buf, sizeof params_buf, "%.2f B", double(model.n_params()) / 1e9);
   const std::string backend_label = use_cuda ? "CUDA" : "CPU";
   // Seconds one decode step takes, and the share of the copy rate its bytes would need.
-  const auto step_ms = [](const Row& r) { return 1e3 * r.batch / r.mean(); };
+  const auto step_ms = [](const Row& r) { return 1e3 * r.batch / r.median(); };
   const auto roofline_share = [&](const Row& r) {
     const double kv = r.batch * kv_bytes_per_position * (r.depth + r.n / 2.0);
     return (weight_bytes + kv) / copy_rate / (step_ms(r) * 1e-3);
@@ -316,33 +322,33 @@ int run_bench(int argc, char** argv) {
     return b;
   };
   if (output == "md") {
-    std::printf("| model | size | params | backend | test | t/s | step ms | roofline |\n");
+    std::printf("| model | size | params | backend | test | t/s (median ± sd) | step ms | roofline |\n");
     std::printf("| --- | ---: | ---: | --- | --- | ---: | ---: | ---: |\n");
     for (const Row& r : rows)
       std::printf("| %s | %s | %s | %s | %s | %.2f ± %.2f | %s | %s |\n", model_label.c_str(), size_label,
-                  params_buf, backend_label.c_str(), r.test.c_str(), r.mean(), r.sd(),
+                  params_buf, backend_label.c_str(), r.test.c_str(), r.median(), r.sd(),
                   step_label(r).c_str(), roofline(r).c_str());
     if (copy_rate > 0)
       std::printf("\nroofline: %.3f GB of weights per step + %.0f KB of KV per position and sequence, "
                   "at the %.0f GB/s device copy rate (one sequence at depth 0: %.1f t/s); ready in %.2f s\n",
                   weight_bytes / 1e9, kv_bytes_per_position / 1e3, copy_rate / 1e9, copy_rate / weight_bytes, ready_s);
   } else if (output == "csv") {
-    std::printf("model,size_bytes,params,backend,test,depth,batch,tps_mean,tps_sd,roofline_share\n");
+    std::printf("model,size_bytes,params,backend,test,depth,batch,tps_median,tps_mean,tps_sd,roofline_share\n");
     for (const Row& r : rows)
-      std::printf("\"%s\",%llu,%lld,%s,%s,%d,%d,%.3f,%.3f,%s\n", model_label.c_str(),
+      std::printf("\"%s\",%llu,%lld,%s,%s,%d,%d,%.3f,%.3f,%.3f,%s\n", model_label.c_str(),
                   (unsigned long long)model.file.file_size(), (long long)model.n_params(),
-                  backend_label.c_str(), r.test.c_str(), r.depth, r.batch, r.mean(), r.sd(),
+                  backend_label.c_str(), r.test.c_str(), r.depth, r.batch, r.median(), r.mean(), r.sd(),
                   r.is_tg && copy_rate > 0 ? std::to_string(roofline_share(r)).c_str() : "");
   } else {
     std::printf("[\n");
     for (size_t i = 0; i < rows.size(); ++i) {
       const Row& r = rows[i];
       std::printf("  {\"model\": \"%s\", \"size\": %llu, \"params\": %lld, \"backend\": \"%s\", "
-                  "\"test\": \"%s\", \"depth\": %d, \"batch\": %d, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
+                  "\"test\": \"%s\", \"depth\": %d, \"batch\": %d, \"median_ts\": %.3f, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
                   "\"roofline_share\": %s, \"copy_rate_bytes_per_s\": %.0f}%s\n",
                   model_label.c_str(), (unsigned long long)model.file.file_size(),
                   (long long)model.n_params(), backend_label.c_str(), r.test.c_str(), r.depth, r.batch,
-                  r.mean(), r.sd(),
+                  r.median(), r.mean(), r.sd(),
                   r.is_tg && copy_rate > 0 ? std::to_string(roofline_share(r)).c_str() : "null",
                   copy_rate, i + 1 < rows.size() ? "," : "");
     }

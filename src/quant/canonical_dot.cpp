@@ -23,40 +23,50 @@ int int_dot(const Q* q, const int8_t* a, int from, int to) {
   return s;
 }
 
-// Term j of a q4_K / q5_K super-block: d * sc and dmin * m per sub-block, one fma.
+// A q4_K / q5_K super-block against its group: the two exact integer sums, then one term.
 template <typename Block>
-float term_qk(const Block& b, int j, void (*unpack)(const Block&, int, uint8_t*), const BlockQ8Pad40& a) {
-  uint8_t q[32];
-  int sc, m;
-  unpack(b, j, q);
-  k_scale_min(b.scales, j, sc, m);
-  const float d_sc = f16_to_f32(b.d) * float(sc), dmin_m = f16_to_f32(b.dmin) * float(m);
-  return f16_to_f32(a.d) * std::fma(d_sc, float(int_dot(q, a.qs, 0, 32)), -(dmin_m * float(a.sum)));
+float group_qk(const Block& b, void (*unpack)(const Block&, int, uint8_t*), const BlockQ8Pad40* a) {
+  int S = 0, M = 0;
+  for (int j = 0; j < 8; ++j) {
+    uint8_t q[32];
+    int sc, m;
+    unpack(b, j, q);
+    k_scale_min(b.scales, j, sc, m);
+    S += sc * int_dot(q, a[j].qs, 0, 32);
+    M += m * a[j].sum;
+  }
+  const float da = f16_to_f32(a[0].d);
+  return da * std::fma(f16_to_f32(b.d), float(S), -(f16_to_f32(b.dmin) * float(M)));
 }
 
-// Term j (sub-block j of group g) of the row, or +0 past its end.
-float term(GgmlType t, const uint8_t* row, const BlockQ8Pad40* x, int64_t cols, int64_t g, int j) {
-  const int64_t blk = 8 * g + j;  // the 32-column block
-  if (32 * blk >= cols) return 0.0f;
-  const BlockQ8Pad40& a = x[blk];
-  const float da = f16_to_f32(a.d);
+float group_q6k(const BlockQ6_K& b, const BlockQ8Pad40* a) {
+  int S = 0;
+  for (int j = 0; j < 8; ++j) {
+    int8_t q[32];
+    unpack_q6_K_group(b, j, q);
+    S += b.scales[q6_K_scale_index(j, 0)] * int_dot(q, a[j].qs, 0, 16) +
+         b.scales[q6_K_scale_index(j, 1)] * int_dot(q, a[j].qs, 16, 32);
+  }
+  return (f16_to_f32(b.d) * f16_to_f32(a[0].d)) * float(S);
+}
+
+float group_q8_0(const BlockQ8_0* row, const BlockQ8Pad40* x, int64_t n_blocks, int64_t g) {
+  float t[8];
+  for (int j = 0; j < 8; ++j) {
+    const int64_t blk = 8 * g + j;
+    t[j] = blk < n_blocks ? (f16_to_f32(row[blk].d) * f16_to_f32(x[blk].d)) * float(int_dot(row[blk].qs, x[blk].qs, 0, 32))
+                          : 0.0f;
+  }
+  return ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]));
+}
+
+float group_term(GgmlType t, const uint8_t* row, const BlockQ8Pad40* x, int64_t cols, int64_t g) {
   switch (t) {
-    case GgmlType::Q4_K: return term_qk(reinterpret_cast<const BlockQ4_K*>(row)[g], j, unpack_q4_K_group, a);
-    case GgmlType::Q5_K: return term_qk(reinterpret_cast<const BlockQ5_K*>(row)[g], j, unpack_q5_K_group, a);
-    case GgmlType::Q6_K: {
-      const auto& b = reinterpret_cast<const BlockQ6_K*>(row)[g];
-      int8_t q[32];
-      unpack_q6_K_group(b, j, q);
-      const int scaled = b.scales[q6_K_scale_index(j, 0)] * int_dot(q, a.qs, 0, 16) +
-                         b.scales[q6_K_scale_index(j, 1)] * int_dot(q, a.qs, 16, 32);
-      return (f16_to_f32(b.d) * da) * float(scaled);
-    }
-    case GgmlType::Q8_0: {
-      const auto& b = reinterpret_cast<const BlockQ8_0*>(row)[blk];
-      return (f16_to_f32(b.d) * da) * float(int_dot(b.qs, a.qs, 0, 32));
-    }
-    default:
-      fail("canonical_dot: no canonical order for ", type_traits(t).name);
+    case GgmlType::Q4_K: return group_qk(reinterpret_cast<const BlockQ4_K*>(row)[g], unpack_q4_K_group, x + 8 * g);
+    case GgmlType::Q5_K: return group_qk(reinterpret_cast<const BlockQ5_K*>(row)[g], unpack_q5_K_group, x + 8 * g);
+    case GgmlType::Q6_K: return group_q6k(reinterpret_cast<const BlockQ6_K*>(row)[g], x + 8 * g);
+    case GgmlType::Q8_0: return group_q8_0(reinterpret_cast<const BlockQ8_0*>(row), x, cols / 32, g);
+    default: fail("canonical_dot: no canonical order for ", type_traits(t).name);
   }
 }
 
@@ -65,12 +75,7 @@ float term(GgmlType t, const uint8_t* row, const BlockQ8Pad40* x, int64_t cols, 
 float canonical_dot(GgmlType t, const uint8_t* w_row, const BlockQ8Pad40* x, int64_t cols) {
   float streams[8] = {};
   const int64_t n_groups = (cols + 255) / 256;
-  for (int64_t g = 0; g < n_groups; ++g) {
-    float T[8];
-    for (int j = 0; j < 8; ++j) T[j] = term(t, w_row, x, cols, g, j);
-    const float group = ((T[0] + T[1]) + (T[2] + T[3])) + ((T[4] + T[5]) + (T[6] + T[7]));
-    streams[g % 8] = streams[g % 8] + group;
-  }
+  for (int64_t g = 0; g < n_groups; ++g) streams[g % 8] = streams[g % 8] + group_term(t, w_row, x, cols, g);
   const float* s = streams;
   return ((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7]));
 }

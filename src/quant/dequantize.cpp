@@ -1,4 +1,5 @@
 // Row dequantization for every supported type and the pad40 activation quantizer.
+#include <algorithm>
 #include <cmath>
 
 #include "quant/quant.h"
@@ -179,24 +180,40 @@ void dequantize_rows(GgmlType t, const void* src, float* dst, int64_t n_rows, in
     dequantize_row(t, static_cast<const uint8_t*>(src) + size_t(r) * stride, dst + r * n_cols, n_cols);
 }
 
-void quantize_row_pad40(const float* src, BlockQ8Pad40* dst, int64_t n) {
-  if (n < 0 || n % QK != 0) fail("quantize_row_pad40: row of ", n, " elements is not a multiple of 32");
-  for (int64_t i = 0; i < n / QK; ++i, src += QK) {
+namespace {
+
+void quantize_pad40(const char* what, const float* src, BlockQ8Pad40* dst, int64_t n, int64_t blocks_per_scale) {
+  if (n < 0 || n % QK != 0) fail(what, ": row of ", n, " elements is not a multiple of 32");
+  const int64_t n_blocks = n / QK;
+  for (int64_t first = 0; first < n_blocks; first += blocks_per_scale) {
+    const int64_t last = std::min(n_blocks, first + blocks_per_scale);
     float amax = 0.0f;
-    for (int j = 0; j < QK; ++j) amax = std::fmax(amax, std::fabs(src[j]));
+    for (int64_t i = first * QK; i < last * QK; ++i) amax = std::fmax(amax, std::fabs(src[i]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int32_t sum = 0;
-    for (int j = 0; j < QK; ++j) {
-      int q = int(std::rint(src[j] * id));
-      q = q < -128 ? -128 : (q > 127 ? 127 : q);
-      dst[i].qs[j] = int8_t(q);
-      sum += q;
+    for (int64_t b = first; b < last; ++b) {
+      int32_t sum = 0;
+      for (int j = 0; j < QK; ++j) {
+        int q = int(std::rint(src[b * QK + j] * id));
+        q = q < -128 ? -128 : (q > 127 ? 127 : q);
+        dst[b].qs[j] = int8_t(q);
+        sum += q;
+      }
+      dst[b].d = f32_to_f16(d);
+      dst[b].pad = 0;
+      dst[b].sum = sum;
     }
-    dst[i].d = f32_to_f16(d);
-    dst[i].pad = 0;
-    dst[i].sum = sum;
   }
+}
+
+}  // namespace
+
+void quantize_row_pad40(const float* src, BlockQ8Pad40* dst, int64_t n) {
+  quantize_pad40("quantize_row_pad40", src, dst, n, 1);
+}
+
+void quantize_row_pad40_grouped(const float* src, BlockQ8Pad40* dst, int64_t n) {
+  quantize_pad40("quantize_row_pad40_grouped", src, dst, n, 8);
 }
 
 void dequantize_row_pad40(const BlockQ8Pad40* src, float* dst, int64_t n) {

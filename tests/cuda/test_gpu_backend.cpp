@@ -88,7 +88,8 @@ std::vector<float> copy(std::span<const float> s) { return {s.begin(), s.end()};
 // all (f16 vs f32 KV, a summation order) flips some q8 values and the flips cascade through the
 // layers to a floor of 1-4 % logits error: the f16 KV cache alone moves the CPU backend's own
 // logits by 1.2 % (tiny) / 2.8 % (0.5b shape), a rope position off by one by 1.2 % (docs/07 §4).
-// Matching the storage precisions (f16 K/V; for multi-token batches the GEMM's bf16 activations
+// Matching the storage precisions (f16 K/V; for one token the decode matmul's q8 activations with one
+// scale per 256 columns; for multi-token batches the GEMM's bf16 activations
 // and weights and the flash attention's f16 Q·scale·log2e and f16 P) lowers that floor (tiny
 // prefill 1.3 % -> 0.5 %), but summation order remains; the bounds below are the measured floors
 // (3 seeds, H200) with about 2x margin. Bugs a random model cannot see are the job of the
@@ -143,7 +144,10 @@ class PrecisionOracle {
         case Op::Output: {
           logits.resize(size_t(w));
           const int64_t in_w = g_.slot_width[size_t(node.in[0])];
-          cpu::matmul(pool_, *node.weight, nullptr, in0 + (n - 1) * in_w, 1, logits.data(), scratch_);
+          if (n == 1)
+            matmul(*node.weight, nullptr, in0, 1, logits.data());
+          else
+            cpu::matmul(pool_, *node.weight, nullptr, in0 + (n - 1) * in_w, 1, logits.data(), scratch_);
           break;
         }
       }
@@ -166,6 +170,17 @@ class PrecisionOracle {
   static float bf16(float x) { return bf16_to_f32(f32_to_bf16(x)); }
   // The prefill GEMM: bf16 activations times bf16-rounded dequantized weights, f32-or-better sums.
   void matmul(const Tensor& w, const float* bias, const float* x, int n, float* out) {
+    if (n == 1 && has_pad40_dot(w.type)) {  // the decode matmul: q8 activations, one scale per 256 columns
+      const int64_t K = w.shape[0];
+      scratch_.resize(size_t(K / 32));
+      quantize_row_pad40_grouped(x, scratch_.data(), K);
+      pool_.parallel_for(w.rows(), [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r)
+          out[r] = vec_dot_pad40(w.type, w.data + size_t(r) * row_bytes(w.type, K), scratch_.data(), K) +
+                   (bias ? bias[r] : 0.0f);
+      });
+      return;
+    }
     if (n == 1 || !cuda::prefill_gemm_supports(w.type)) {
       cpu::matmul(pool_, w, bias, x, n, out, scratch_);
       return;

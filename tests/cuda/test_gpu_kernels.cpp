@@ -29,7 +29,7 @@ std::vector<uint8_t> quantize_matrix(GgmlType t, const std::vector<float>& w, in
 std::vector<uint8_t> quantize_pad40_cpu(const std::vector<float>& x, int rows, int cols) {
   std::vector<uint8_t> out(static_cast<size_t>(rows) * size_t(cuda::pad40_row_bytes(cols)));
   for (int r = 0; r < rows; ++r)
-    quantize_row_pad40(x.data() + size_t(r) * cols,
+    quantize_row_pad40_grouped(x.data() + size_t(r) * cols,
                        reinterpret_cast<BlockQ8Pad40*>(out.data() + size_t(r) * cuda::pad40_row_bytes(cols)), cols);
   return out;
 }
@@ -291,7 +291,6 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
 // decode matmul kernels and several tokens at different positions and cache slots.
 TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
-  cuda::init_matmul_mma_kernels();
   const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_slots = 64, n = 3;
   const int qw = n_head * hd, kvw = n_kv * hd;
   for (bool mma : {false, true}) {
@@ -363,7 +362,6 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
 // depend on how many tokens share the launch or which kernel runs it.
 TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
   MINFER_REQUIRE_GPU();
-  cuda::init_matmul_mma_kernels();
   struct Shape { GgmlType t; int rows, cols; };
   const Shape shapes[] = {{GgmlType::Q4_K, 67, 768},  {GgmlType::Q5_K, 67, 768},   {GgmlType::Q6_K, 67, 768},
                           {GgmlType::Q8_0, 67, 768},  {GgmlType::Q8_0, 45, 544},   {GgmlType::Q4_K, 301, 3584},

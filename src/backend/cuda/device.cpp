@@ -19,7 +19,6 @@ DeviceContext::DeviceContext(int dev) : device(dev) {
   check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
   sm_count = prop.multiProcessorCount;
   name = prop.name;
-  init_matmul_mma_kernels();
 }
 
 void DeviceContext::make_current() const { check(cudaSetDevice(device), "cudaSetDevice"); }

@@ -63,8 +63,11 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
   // Epilogue: the whole row is written (barrier), each thread re-reads its blocks L1-hot.
   __syncthreads();
   uint8_t* qr = q8 + size_t(row) * pad40_row_bytes(width);
-  for (int b = threadIdx.x; b < width / 32; b += blockDim.x)
-    quantize_pad40_block(yr + 32 * b, qr + size_t(b) * kPad40Bytes);
+  const int n_blocks = width / 32;
+  for (int b0 = 0; b0 < n_blocks; b0 += blockDim.x) {  // every lane of every warp: groups shuffle
+    const int b = b0 + int(threadIdx.x);
+    quantize_pad40_group_member(yr + 32 * b, qr + size_t(b) * kPad40Bytes, b < n_blocks);
+  }
 }
 
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
@@ -79,7 +82,7 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
 
 // ---- swiglu (+ fused pad40 epilogue) ------------------------------------------------------------
 // REQUIRES 256 threads: block (bx, row) writes elements [256 bx, 256 bx + 256) of its row = pad40
-// blocks 8 bx .. 8 bx + 7, which its first 8 threads quantize after the barrier.
+// group bx (blocks 8 bx .. 8 bx + 7), which the first 8 lanes of warp 0 quantize after the barrier.
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                               float* __restrict__ out, int width, uint8_t* __restrict__ q8, int q8_rows) {
   const int row = blockIdx.y;
@@ -88,9 +91,10 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
   if (i < width) yr[i] = silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]);
   if (q8 == nullptr || row >= q8_rows) return;  // uniform over the block
   __syncthreads();
+  if (threadIdx.x >= 32) return;  // warp 0 quantizes (whole warps leave: no barrier follows)
   const int b = blockIdx.x * 8 + threadIdx.x;
-  if (threadIdx.x < 8 && b < width / 32)
-    quantize_pad40_block(yr + 32 * b, q8 + size_t(row) * pad40_row_bytes(width) + size_t(b) * kPad40Bytes);
+  quantize_pad40_group_member(yr + 32 * b, q8 + size_t(row) * pad40_row_bytes(width) + size_t(b) * kPad40Bytes,
+                              threadIdx.x < 8 && b < width / 32);
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
@@ -110,20 +114,22 @@ void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStrea
   check_launch("add");
 }
 
-// ---- standalone quantize: one thread per 32-block -------------------------------------------
+// ---- standalone quantize: 8 threads per 256-column group, one per 32-block -----------------------
 __global__ void quantize_pad40_kernel(const float* __restrict__ x, int ld_x, uint8_t* __restrict__ q8,
                                       int n_rows, int width) {
-  const int nb = width / 32;
+  const int n_blocks = width / 32, n_groups = (n_blocks + 7) / 8;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(n_rows) * nb) return;
-  const int row = int(i / nb), b = int(i % nb);
-  quantize_pad40_block(x + size_t(row) * ld_x + 32 * b, q8 + size_t(i) * kPad40Bytes);
+  const int64_t group = i / 8;  // no early exit: the group's lanes shuffle
+  const int row = int(group / n_groups), b = int(group % n_groups) * 8 + int(i % 8);
+  const bool valid = row < n_rows && b < n_blocks;
+  quantize_pad40_group_member(x + size_t(row) * ld_x + 32 * size_t(b),
+                              q8 + (size_t(row) * n_blocks + size_t(b)) * kPad40Bytes, valid);
 }
 
 void launch_quantize_pad40(const float* x, int ld_x, uint8_t* q8, int n_rows, int width,
                            cudaStream_t s) {
   if (width % 32 != 0) fail("quantize_pad40: width ", width, " is not a multiple of 32");
-  const int64_t n = int64_t(n_rows) * (width / 32);
+  const int64_t n = int64_t(n_rows) * ((width / 32 + 7) / 8) * 8;
   quantize_pad40_kernel<<<unsigned((n + 127) / 128), 128, 0, s>>>(x, ld_x, q8, n_rows, width);
   check_launch("quantize_pad40");
 }
@@ -361,13 +367,30 @@ __device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, boo
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) continue;
-      float v[2] = {w0.pair_terms(act + t * act_stride, u, valid), 0.0f};
-      if (has_r1) v[1] = w1.pair_terms(act + t * act_stride, u, valid && has_r1);
+      const uint8_t* act_t = act + t * act_stride;
+      if constexpr (Unit::kIntegerGroups) {
+        GroupSums v[2] = {w0.group_sums(act_t, u, valid), GroupSums{}};
+        if (has_r1) v[1] = w1.group_sums(act_t, u, valid);
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (!Unit::kLanePairsShareTerms) v[r] = __fadd_rn(v[r], __shfl_xor_sync(0xffffffffu, v[r], 1));
-        v[r] = __fadd_rn(v[r], __shfl_xor_sync(0xffffffffu, v[r], 2));
-        if (group_valid) acc[r][t] = __fadd_rn(acc[r][t], v[r]);
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+          for (int o = 1; o <= 2; o <<= 1) {
+            v[r].s += __shfl_xor_sync(0xffffffffu, v[r].s, o);
+            v[r].m += __shfl_xor_sync(0xffffffffu, v[r].m, o);
+          }
+        if (group_valid) {
+          acc[0][t] = __fadd_rn(acc[0][t], w0.group_term(v[0], act_t, u));
+          if (has_r1) acc[1][t] = __fadd_rn(acc[1][t], w1.group_term(v[1], act_t, u));
+        }
+      } else {
+        float v[2] = {w0.pair_terms(act_t, u, valid), 0.0f};
+        if (has_r1) v[1] = w1.pair_terms(act_t, u, valid && has_r1);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          v[r] = __fadd_rn(v[r], __shfl_xor_sync(0xffffffffu, v[r], 1));
+          v[r] = __fadd_rn(v[r], __shfl_xor_sync(0xffffffffu, v[r], 2));
+          if (group_valid) acc[r][t] = __fadd_rn(acc[r][t], v[r]);
+        }
       }
     }
   }

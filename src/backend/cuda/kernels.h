@@ -91,9 +91,10 @@ struct MatVecExtra {
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",
-// docs/10-batching.md): per 256-column group, a tree over its eight 32-column terms; groups g go to
-// stream g % 8, each stream summed in order; a tree over the 8 streams; + bias; + residual. Both
-// kernels below follow it, so for these types they give the same bits for any token count.
+// quant/canonical_dot.h, docs/10-batching.md): one float term per 256-column group (formed from
+// exact integer sums, which needs the pad40 plane's one scale per group); groups g go to stream
+// g % 8, each stream summed in order; a tree over the 8 streams; + bias; + residual. Both kernels
+// below follow it, so for these types they give the same bits for any token count.
 bool matmul_mma_supports(GgmlType t);
 // Warp-per-row-pair kernel (dp4a): up to 3 weight matrices in one launch (q/k/v, gate/up),
 // tokens in launches of 8. Activations: pad40 rows (act_q8_stride bytes apart) for quantized
@@ -104,8 +105,6 @@ void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_
 // Tensor-core kernel (int8 mma): same segments and epilogues, every type matmul_mma_supports.
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
                        int n_tokens, const MatVecExtra& extra, cudaStream_t s);
-// Once per device, before any launch_matmul_mma (and outside graph capture).
-void init_matmul_mma_kernels();
 
 // ---- decode attention over the paged cache ------------------------------------------------------
 struct AttnParams {

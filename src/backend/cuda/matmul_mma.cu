@@ -1,19 +1,25 @@
 // The decode matmul on int8 tensor cores, for many tokens at once (mma.sync m16n8k32 and, for the
 // 16-element scale halves of q6_K, m16n8k16; s8 x s8 -> s32).
 //
-// A CTA of 8 warps owns a tile of 32 weight rows (two m16 fragments) and up to 64 tokens (8 n8
-// fragments). Warp w sums stream w of the canonical order (kernels.h): the 256-column groups
-// g = w, w + 8, ... in order; for each group it loads the A fragments of its 4 rows per thread
-// once, stages the rows' per-sub-block scales in shared memory, and for every token fragment
-// multiplies the 8 sub-blocks, turns each integer sum into its term (quant_device.cuh, the same
-// function the warp-per-row kernel calls) and adds the group's tree to its accumulators. The
-// block then combines the 8 streams in shared memory with the canonical tree and runs the
-// segment epilogue (bias, residual, store / rope / KV write). An integer sum is exact in any
-// order, so every output element gets the same bits as from launch_matvec, for any token count.
+// A CTA of 8 warps owns a tile of 16 weight rows (one m16 fragment) and up to 32 tokens (NTF <= 4
+// n8 fragments). Warp w sums stream w of the canonical order (quant/canonical_dot.h): the 256-column
+// groups g = w, w + 8, ... in order, the next group's weights loaded before this one is multiplied.
+// For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
+// fragment, accumulating the group's exact integer sums per (row, token):
+//   q4_K / q5_K  S += sc_j * isum_j (integer multiply-add on the product), and M = sum_j m_j * asum_j
+//                on the tensor cores: an A fragment holding m_j in every byte times the same B
+//                fragment adds m_j * asum_j to an accumulator that runs over the whole group;
+//   q6_K         two k16 products, S += sc_lo * isum_lo + sc_hi * isum_hi;
+//   q8_0         one float term per block, added by the canonical tree as they come.
+// After the group it forms one term per (row, token) (quant_device.cuh, the same functions the
+// warp-per-row kernel calls) and adds it to its stream. The CTA combines the 8 streams in shared
+// memory with the canonical tree and runs the segment epilogue (bias, residual, store / rope / KV
+// write). Integer sums are exact in any order, so every output element gets the same bits as from
+// launch_matvec, for any token count.
 //
 // Within a sub-block the mma's k index is permuted (thread tid supplies elements 8tid..8tid+7 of
-// both operands), which leaves the integer sum unchanged and lets each thread load 8 contiguous
-// bytes.
+// both operands; 4tid..4tid+3 of each half for k16), which leaves the integer sum unchanged and
+// lets each thread load contiguous bytes.
 #include <algorithm>
 
 #include "backend/cuda/kernels.h"
@@ -25,7 +31,7 @@ namespace {
 
 constexpr int kWarps = 8;      // = the 8 streams of the canonical order
 constexpr int kThreads = kWarps * 32;
-constexpr int kTileRows = 32;  // two m16 fragments
+constexpr int kTileRows = 16;  // one m16 fragment: thread rows gid and gid + 8
 constexpr int kMaxSegs = 3;
 
 struct MmaArgs {
@@ -37,14 +43,6 @@ struct MmaArgs {
   int n_tokens;
   MatVecExtra extra;
 };
-
-// Per-(row, sub-block) scale words staged by each warp for the group it works on.
-struct StagedScales {
-  float2 w[kTileRows][8];  // q4_K/q5_K: (d*sc, dmin*m); q6_K: (sc_lo, sc_hi) as ints; q8_0: (d, -)
-  float d[kTileRows];      // q6_K: the row's d
-};
-constexpr int kStageBytes = kWarps * int(sizeof(StagedScales));
-constexpr int smem_bytes(int ntf) { return std::max(kStageBytes, kWarps * 8 * ntf * 32 * 4); }
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
@@ -58,59 +56,94 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, u
                : "r"(a0), "r"(a1), "r"(b0));
 }
 
+// The two B registers of one token's sub-block. Volatile so the compiler keeps the loads where the
+// driver issues them (one sub-block ahead) instead of hoisting every load of the group, which
+// costs more registers than the latency it hides.
+__device__ __forceinline__ uint2 ldg_b_pair(const uint8_t* p0, const uint8_t* p1) {
+  uint2 v;
+  asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v.x) : "l"(p0));
+  asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v.y) : "l"(p1));
+  return v;
+}
+// Asks L2 for the line holding p (the next group's weights, while this group is multiplied).
+__device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
 __device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
   uint32_t w[1];
   ld_words_a2(p, w);
   return w[0];
 }
 
-// ---- weight groups: the A fragments of one thread's 4 rows for one 256-column group ----------
-// Rows: R[f][h] = fragment f, row gid + 8h of the tile. a_frag(j, f) gives sub-block j's A
-// registers for fragment f; stage() writes one row's scale words for the group.
+// ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----
+// load() reads the group's bytes; sub_block(j, ...) multiplies sub-block j (pad40 block blk =
+// 8g + j) with every token fragment into the per-fragment state Part; finish() turns a Part into
+// the 4 terms of the thread's C fragment (element e: row R[e / 2], token 2 tid + e % 2), da[e % 2]
+// being the group scales of the thread's two tokens. brow[nf]: the activation row of token
+// fragment nf's column gid (the B operand).
+
+// The CTA's token rows; tokens past the end read the last one (their results are dropped).
+struct Tokens {
+  const uint8_t* act;
+  int64_t stride;
+  int first, last;
+  __device__ const uint8_t* row(int t) const { return act + size_t(min(first + t, last)) * stride; }
+};
 
 template <bool Q5>
 struct GroupQK45 {
   static constexpr int kBytes = Q5 ? 176 : 144, kQsOffset = Q5 ? 48 : 16;
-  static constexpr bool kHalves = false;
-  uint2 qs[2][2][4];  // [f][h][pair]: bytes 32 pair + 8 tid .. + 8 of qs
-  uint2 qh[2][2];     // q5_K: bytes 8 tid .. + 8 of qh
-  __device__ void load(const DevMat& m, const int (&R)[2][2], int g, int tid) {
+  struct Part {
+    int s[4], m[4];
+  };
+  static constexpr int kGroupBytes = kBytes;
+  __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
+    return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
+  }
+  uint4 h[2];      // d, dmin, scales
+  uint2 qs[2][4];  // [row][pair]: bytes 32 pair + 8 tid .. + 8 of qs
+  uint2 qh[2];     // q5_K: bytes 8 tid .. + 8 of qh
+  __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
     const int nsb = m.cols / 256;
 #pragma unroll
-    for (int f = 0; f < 2; ++f)
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* b = m.data + (size_t(R[r]) * nsb + g) * kBytes;
+      h[r] = ld16(b);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* b = m.data + (size_t(R[f][h]) * nsb + g) * kBytes;
-#pragma unroll
-        for (int p = 0; p < 4; ++p) qs[f][h][p] = __ldg(reinterpret_cast<const uint2*>(b + kQsOffset + 32 * p + 8 * tid));
-        if (Q5) qh[f][h] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 8 * tid));
-      }
+      for (int p = 0; p < 4; ++p) qs[r][p] = __ldg(reinterpret_cast<const uint2*>(b + kQsOffset + 32 * p + 8 * tid));
+      if (Q5) qh[r] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 8 * tid));
+    }
   }
   __device__ static uint32_t quants(uint32_t q, uint32_t high, int j) {
     uint32_t v = (q >> (4 * (j & 1))) & 0x0F0F0F0Fu;
     if (Q5) v |= ((high >> j) & 0x01010101u) << 4;
     return v;
   }
-  __device__ void a_frag(int j, int f, uint32_t (&a)[4]) const {
+  __device__ static uint2 b_operand(const uint8_t* blk, int tid) { return ldg_b_pair(blk + 4 + 8 * tid, blk + 8 + 8 * tid); }
+  template <int NTF>
+  __device__ void multiply(int j, const uint2 (&b)[NTF], int, const Tokens&, int, Part (&part)[NTF]) const {
     const int p = j / 2;
-    a[0] = quants(qs[f][0][p].x, Q5 ? qh[f][0].x : 0u, j);
-    a[1] = quants(qs[f][1][p].x, Q5 ? qh[f][1].x : 0u, j);
-    a[2] = quants(qs[f][0][p].y, Q5 ? qh[f][0].y : 0u, j);
-    a[3] = quants(qs[f][1][p].y, Q5 ? qh[f][1].y : 0u, j);
-  }
-  __device__ static void stage(const DevMat& m, int row, int g, StagedScales& s, int slot) {
-    const uint4 h = ld16(m.data + (size_t(row) * (m.cols / 256) + g) * kBytes);
-    const float d = h2f(uint16_t(h.x)), dmin = h2f(uint16_t(h.x >> 16));
+    const uint32_t a[4] = {quants(qs[0][p].x, Q5 ? qh[0].x : 0u, j), quants(qs[1][p].x, Q5 ? qh[1].x : 0u, j),
+                           quants(qs[0][p].y, Q5 ? qh[0].y : 0u, j), quants(qs[1][p].y, Q5 ? qh[1].y : 0u, j)};
+    int sc[2], mn[2];
+    k_scale_min(h[0], j, sc[0], mn[0]);
+    k_scale_min(h[1], j, sc[1], mn[1]);
+    const uint32_t am[4] = {uint32_t(mn[0]) * 0x01010101u, uint32_t(mn[1]) * 0x01010101u,
+                            uint32_t(mn[0]) * 0x01010101u, uint32_t(mn[1]) * 0x01010101u};
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      int sc, mn;
-      k_scale_min(h, j, sc, mn);
-      s.w[slot][j] = make_float2(qk_scale(d, sc), qk_scale(dmin, mn));
+    for (int nf = 0; nf < NTF; ++nf) {
+      int c[4] = {0, 0, 0, 0};
+      mma_k32(c, a, b[nf].x, b[nf].y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[nf].s[e] += sc[e / 2] * c[e];
+      mma_k32(part[nf].m, am, b[nf].x, b[nf].y);
     }
   }
-  __device__ static float term(const StagedScales& s, int slot, int j, int isum, int, int asum, float da) {
-    const float2 w = s.w[slot][j];
-    return term_qk(w.x, w.y, isum, asum, da);
+  __device__ void finish(const Part& part, const float (&da)[2], float (&t)[4]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint4& hr = h[e / 2];
+      t[e] = group_term_qk(h2f(uint16_t(hr.x)), h2f(uint16_t(hr.x >> 16)), part.s[e], part.m[e], da[e % 2]);
+    }
   }
 };
 
@@ -118,262 +151,264 @@ struct GroupQK45 {
 // one int8 scale each). With hh = j / 4, kq = j % 4, element l's low 4 bits are nibble kq / 2 of
 // ql[64 hh + 32 (kq & 1) + l] and its high 2 bits are bits 2 kq of qh[32 hh + l].
 struct GroupQ6K {
-  static constexpr bool kHalves = true;  // two k16 products per sub-block (one scale each half)
-  uint32_t ql[2][2][2][2][2];  // [f][h][j/4][(j%4)&1][half]: bytes 4tid..4tid+3 of the 16-byte run
-  uint32_t qh[2][2][2][2];     // [f][h][j/4][half]
-  __device__ void load(const DevMat& m, const int (&R)[2][2], int g, int tid) {
+  struct Part {
+    int s[4];
+  };
+  static constexpr int kGroupBytes = 210;
+  __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
+    return m.data + (size_t(row) * (m.cols / 256) + g) * 210;
+  }
+  uint32_t ql[2][2][2][2];  // [row][j/4][(j%4)&1][half]: bytes 4tid..4tid+3 of the 16-byte run
+  uint32_t qh[2][2][2];     // [row][j/4][half]
+  uint32_t sc[2][4];        // [row]: the 16 int8 scales
+  float d[2];
+  __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
     const int nsb = m.cols / 256;
 #pragma unroll
-    for (int f = 0; f < 2; ++f)
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* b = m.data + (size_t(R[r]) * nsb + g) * 210;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const uint8_t* b = m.data + (size_t(R[f][h]) * nsb + g) * 210;
+      for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            ql[f][h][hh][0][half] = ld_word_a2(b + 64 * hh + 16 * half + 4 * tid);
-            ql[f][h][hh][1][half] = ld_word_a2(b + 64 * hh + 32 + 16 * half + 4 * tid);
-            qh[f][h][hh][half] = ld_word_a2(b + 128 + 32 * hh + 16 * half + 4 * tid);
-          }
-      }
+        for (int half = 0; half < 2; ++half) {
+          ql[r][hh][0][half] = ld_word_a2(b + 64 * hh + 16 * half + 4 * tid);
+          ql[r][hh][1][half] = ld_word_a2(b + 64 * hh + 32 + 16 * half + 4 * tid);
+          qh[r][hh][half] = ld_word_a2(b + 128 + 32 * hh + 16 * half + 4 * tid);
+        }
+      ld_words_a2(b + 192, sc[r]);
+      d[r] = h2f(ld_u16(b + 208));
+    }
   }
   __device__ static uint32_t quants(uint32_t low, uint32_t high, int kq) {
     const uint32_t q = ((low >> (4 * (kq >> 1))) & 0x0F0F0F0Fu) | (((high >> (2 * kq)) & 0x03030303u) << 4);
     return __vsub4(q, 0x20202020u);
   }
-  // The k16 A registers of sub-block j, half `half`, fragment f: rows gid and gid + 8.
-  __device__ void a_half(int j, int half, int f, uint32_t& a0, uint32_t& a1) const {
+  __device__ static uint2 b_operand(const uint8_t* blk, int tid) { return ldg_b_pair(blk + 4 + 4 * tid, blk + 20 + 4 * tid); }
+  template <int NTF>
+  __device__ void multiply(int j, const uint2 (&b)[NTF], int, const Tokens&, int, Part (&part)[NTF]) const {
     const int hh = j / 4, kq = j % 4;
-    a0 = quants(ql[f][0][hh][kq & 1][half], qh[f][0][hh][half], kq);
-    a1 = quants(ql[f][1][hh][kq & 1][half], qh[f][1][hh][half], kq);
-  }
-  __device__ static void stage(const DevMat& m, int row, int g, StagedScales& s, int slot) {
-    const uint8_t* b = m.data + (size_t(row) * (m.cols / 256) + g) * 210;
-    uint32_t sc[4];
-    ld_words_a2(b + 192, sc);
+    uint32_t a[2][2];  // [half][row]
+    int s[2][2];       // [half][row]: the halves' scales (bytes 2j, 2j + 1)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int lo = int(int8_t(sc[j / 2] >> (16 * (j & 1)))), hi = int(int8_t(sc[j / 2] >> (16 * (j & 1) + 8)));
-      s.w[slot][j] = make_float2(__int_as_float(lo), __int_as_float(hi));
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        a[half][r] = quants(ql[r][hh][kq & 1][half], qh[r][hh][half], kq);
+        s[half][r] = int(int8_t(sc[r][j / 2] >> (16 * (j & 1) + 8 * half)));
+      }
+#pragma unroll
+    for (int nf = 0; nf < NTF; ++nf) {
+      int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+      mma_k16(lo, a[0][0], a[0][1], b[nf].x);
+      mma_k16(hi, a[1][0], a[1][1], b[nf].y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[nf].s[e] += s[0][e / 2] * lo[e] + s[1][e / 2] * hi[e];
     }
-    s.d[slot] = h2f(ld_u16(b + 208));
   }
-  __device__ static float term(const StagedScales& s, int slot, int j, int isum_lo, int isum_hi, int, float da) {
-    const float2 w = s.w[slot][j];
-    return term_q6k(s.d[slot], __float_as_int(w.x) * isum_lo + __float_as_int(w.y) * isum_hi, da);
+  __device__ void finish(const Part& part, const float (&da)[2], float (&t)[4]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) t[e] = group_term_q6k(d[e / 2], part.s[e], da[e % 2]);
   }
 };
 
-// q8_0: sub-block j = block 8g + j (34 bytes: f16 d, 32 int8); the last group may be partial.
+// q8_0: sub-block j = block 8g + j (34 bytes: f16 d, 32 int8); the last group may be partial. Its
+// terms are floats per block (each with its block's activation scale): Part carries the canonical
+// tree's open sums, pair p (T_{2i} + T_{2i+1}), first half q and second half r of the group.
 struct GroupQ8 {
-  static constexpr bool kHalves = false;
-  uint32_t q[2][2][8][2];  // [f][h][j]: bytes 8tid..8tid+7 of the block's quants
-  __device__ void load(const DevMat& m, const int (&R)[2][2], int g, int tid) {
+  struct Part {
+    float p[4], q[4], r[4];
+  };
+  static constexpr int kGroupBytes = 8 * 34;  // fewer in a partial last group
+  __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
+    return m.data + (size_t(row) * (m.cols / 32) + 8 * g) * 34;
+  }
+  uint32_t q[2][8][2];  // [row][j]: bytes 8tid..8tid+7 of the block's quants
+  float d[2][8];
+  int n_in_row;         // blocks of this group inside the row
+  __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
     const int nb = m.cols / 32;
+    n_in_row = min(8, nb - 8 * g);
 #pragma unroll
-    for (int f = 0; f < 2; ++f)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          q[f][h][j][0] = q[f][h][j][1] = 0;
-          if (8 * g + j < nb) ld_words_a2(m.data + (size_t(R[f][h]) * nb + 8 * g + j) * 34 + 2 + 8 * tid, q[f][h][j]);
+      for (int j = 0; j < 8; ++j) {
+        q[r][j][0] = q[r][j][1] = 0;
+        d[r][j] = 0.0f;
+        if (j < n_in_row) {
+          const uint8_t* b = m.data + (size_t(R[r]) * nb + 8 * g + j) * 34;
+          ld_words_a2(b + 2 + 8 * tid, q[r][j]);
+          d[r][j] = h2f(ld_u16(b));
         }
+      }
   }
-  __device__ void a_frag(int j, int f, uint32_t (&a)[4]) const {
-    a[0] = q[f][0][j][0];
-    a[1] = q[f][1][j][0];
-    a[2] = q[f][0][j][1];
-    a[3] = q[f][1][j][1];
-  }
-  __device__ static void stage(const DevMat& m, int row, int g, StagedScales& s, int slot) {
-    const int nb = m.cols / 32;
+  __device__ static uint2 b_operand(const uint8_t* blk, int tid) { return ldg_b_pair(blk + 4 + 8 * tid, blk + 8 + 8 * tid); }
+  template <int NTF>
+  __device__ void multiply(int j, const uint2 (&b)[NTF], int blk, const Tokens& tok, int tid, Part (&part)[NTF]) const {
+    const uint32_t a[4] = {q[0][j][0], q[1][j][0], q[0][j][1], q[1][j][1]};
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      s.w[slot][j].x = 8 * g + j < nb ? h2f(ld_u16(m.data + (size_t(row) * nb + 8 * g + j) * 34)) : 0.0f;
+    for (int nf = 0; nf < NTF; ++nf) {
+      float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      if (j < n_in_row) {
+        int c[4] = {0, 0, 0, 0};
+        mma_k32(c, a, b[nf].x, b[nf].y);
+        const float da0 = ActQ8{tok.row(8 * nf + 2 * tid) + blk * kPad40Bytes}.d();
+        const float da1 = ActQ8{tok.row(8 * nf + 2 * tid + 1) + blk * kPad40Bytes}.d();
+#pragma unroll
+        for (int e = 0; e < 4; ++e) t[e] = term_q8_0(d[e / 2][j], c[e], e % 2 ? da1 : da0);
+      }
+      Part& s = part[nf];
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s.p[e] = (j & 1) ? __fadd_rn(s.p[e], t[e]) : t[e];
+        if (j == 1) s.q[e] = s.p[e];
+        if (j == 3) s.q[e] = __fadd_rn(s.q[e], s.p[e]);
+        if (j == 5) s.r[e] = s.p[e];
+        if (j == 7) s.r[e] = __fadd_rn(s.r[e], s.p[e]);
+      }
+    }
   }
-  __device__ static float term(const StagedScales& s, int slot, int j, int isum, int, int, float da) {
-    return term_q8_0(s.w[slot][j].x, isum, da);
+  __device__ void finish(const Part& part, const float (&)[2], float (&t)[4]) const {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) t[e] = __fadd_rn(part.q[e], part.r[e]);
   }
 };
 
-// Rows of the tile: fragment f, row m. Roped segments pair row m of fragment 0 with its rope
-// partner as row m of fragment 1 (tile = 16 pairs), so the epilogue holds both halves of a pair.
-__device__ __forceinline__ void tile_row(const MatSeg& seg, const MatVecExtra& extra, int tile, int f, int m,
-                                         int& row, int& rope_j, bool& valid) {
+// Rows of the tile: row m (0..15). Roped segments pair row m < 8 with its rope partner as row
+// m + 8 (tile = 8 pairs), so a thread's C fragment holds both halves of a pair.
+__device__ __forceinline__ void tile_row(const MatSeg& seg, const MatVecExtra& extra, int tile, int m, int& row,
+                                         int& rope_j, bool& valid) {
   if (seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK) {
-    const int p = tile * 16 + m;
+    const int p = tile * 8 + m % 8;
     valid = p < seg.w.rows / 2;
     int r0 = 0, r1 = 0;
     rope_j = 0;
     if (valid) rope_pair_index(p, extra.rope.head_dim, extra.rope.neox, r0, r1, rope_j);
-    row = f == 0 ? r0 : r1;
+    row = m < 8 ? r0 : r1;
   } else {
-    row = tile * kTileRows + 16 * f + m;
+    row = tile * kTileRows + m;
     valid = row < seg.w.rows;
     rope_j = 0;
   }
   if (!valid) row = 0;  // loads stay in bounds; the result is dropped
 }
 
+// Stream `warp` of the tile: acc[nf][e] = the sum of its groups' terms, in group order.
 template <typename Group, int NTF>
-__device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, int t0, StagedScales& staged,
-                             float (&acc)[2][NTF][4]) {
+__device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok, float (&acc)[NTF][4]) {
   const DevMat& m = seg.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-  int R[2][2];
+  int R[2];
 #pragma unroll
-  for (int f = 0; f < 2; ++f)
+  for (int r = 0; r < 2; ++r) {
+    int j;
+    bool ok;
+    tile_row(seg, a.extra, tile, gid + 8 * r, R[r], j, ok);
+  }
+  const uint8_t* brow[NTF];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      int j;
-      bool ok;
-      tile_row(seg, a.extra, tile, f, gid + 8 * h, R[f][h], j, ok);
-    }
-  int stage_row, unused_j;
-  bool stage_ok;
-  tile_row(seg, a.extra, tile, lane / 16, lane % 16, stage_row, unused_j, stage_ok);
+  for (int nf = 0; nf < NTF; ++nf) brow[nf] = tok.row(8 * nf + gid);
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
-  const int last = a.n_tokens - 1;
-
   for (int g = warp; g < n_groups; g += kWarps) {
+    if (g + kWarps < n_groups) {
+      // the next group's bytes of rows R[0], R[1]: tid covers 64-byte slice tid of each
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        if (64 * tid < Group::kGroupBytes) prefetch_l2(Group::group_base(m, R[r], g + kWarps) + 64 * tid);
+    }
     Group grp;
     grp.load(m, R, g, tid);
-    Group::stage(m, stage_row, g, staged, lane);
-    __syncwarp();
+    typename Group::Part part[NTF] = {};
+    uint2 b[NTF];
+#pragma unroll
+    for (int nf = 0; nf < NTF; ++nf) b[nf] = Group::b_operand(brow[nf] + size_t(8 * g) * kPad40Bytes, tid);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      uint2 b_next[NTF];
+      const int blk_next = min(8 * g + j + 1, n_blocks - 1);  // in bounds; unused past the group
+      if (j < 7) {
+#pragma unroll
+        for (int nf = 0; nf < NTF; ++nf) b_next[nf] = Group::b_operand(brow[nf] + size_t(blk_next) * kPad40Bytes, tid);
+      }
+      grp.multiply(j, b, 8 * g + j, tok, tid, part);
+      if (j < 7) {
+#pragma unroll
+        for (int nf = 0; nf < NTF; ++nf) b[nf] = b_next[nf];
+      }
+    }
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
-      const uint8_t* act_b = a.act + size_t(min(t0 + 8 * nf + gid, last)) * a.act_stride;
-      const uint8_t* act_c[2] = {a.act + size_t(min(t0 + 8 * nf + 2 * tid, last)) * a.act_stride,
-                                 a.act + size_t(min(t0 + 8 * nf + 2 * tid + 1, last)) * a.act_stride};
-      float pair[4][2][4];  // [j / 2][f][e]: T_{2p} + T_{2p+1}
+      const float da[2] = {ActQ8{tok.row(8 * nf + 2 * tid) + size_t(8 * g) * kPad40Bytes}.d(),
+                           ActQ8{tok.row(8 * nf + 2 * tid + 1) + size_t(8 * g) * kPad40Bytes}.d()};
+      float t[4];
+      grp.finish(part[nf], da, t);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int blk = 8 * g + j;
-        const bool in_row = blk < n_blocks;
-        float term[2][4];
-        if (in_row) {
-          const uint8_t* b = act_b + size_t(blk) * kPad40Bytes;
-          int c[2][4] = {}, c_hi[2][4] = {};
-          if constexpr (Group::kHalves) {
-            const uint32_t b_lo = ld4(b + 4 + 4 * tid), b_hi = ld4(b + 20 + 4 * tid);
-#pragma unroll
-            for (int f = 0; f < 2; ++f) {
-              uint32_t a0, a1;
-              grp.a_half(j, 0, f, a0, a1);
-              mma_k16(c[f], a0, a1, b_lo);
-              grp.a_half(j, 1, f, a0, a1);
-              mma_k16(c_hi[f], a0, a1, b_hi);
-            }
-          } else {
-            const uint32_t b0 = ld4(b + 4 + 8 * tid), b1 = ld4(b + 8 + 8 * tid);
-#pragma unroll
-            for (int f = 0; f < 2; ++f) {
-              uint32_t af[4];
-              grp.a_frag(j, f, af);
-              mma_k32(c[f], af, b0, b1);
-            }
-          }
-          float da[2];
-          int asum[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const ActQ8 ab{act_c[e] + size_t(blk) * kPad40Bytes};
-            da[e] = ab.d();
-            asum[e] = ab.sum();
-          }
-#pragma unroll
-          for (int f = 0; f < 2; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              term[f][e] = Group::term(staged, 16 * f + gid + 8 * (e >> 1), j, c[f][e], c_hi[f][e], asum[e & 1], da[e & 1]);
-        } else {
-#pragma unroll
-          for (int f = 0; f < 2; ++f)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) term[f][e] = 0.0f;
-        }
-#pragma unroll
-        for (int f = 0; f < 2; ++f)
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            pair[j / 2][f][e] = (j & 1) ? __fadd_rn(pair[j / 2][f][e], term[f][e]) : term[f][e];
-      }
-#pragma unroll
-      for (int f = 0; f < 2; ++f)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float group = __fadd_rn(__fadd_rn(pair[0][f][e], pair[1][f][e]), __fadd_rn(pair[2][f][e], pair[3][f][e]));
-          acc[f][nf][e] = __fadd_rn(acc[f][nf][e], group);
-        }
+      for (int e = 0; e < 4; ++e) acc[nf][e] = __fadd_rn(acc[nf][e], t[e]);
     }
-    __syncwarp();  // the next group's staging overwrites this one's scales
   }
 }
 
-// REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' tiles (first_block), gridDim.y =
-// ceil(n_tokens / (8 NTF)); dynamic shared memory smem_bytes(NTF). Every thread reaches both
-// barriers: rows and tokens past the end are computed on clamped indices and dropped at the store.
-template <int NTF>
-__global__ void __launch_bounds__(kThreads) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
-  extern __shared__ __align__(16) uint8_t smem[];
+// REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' row tiles (first_block) times
+// ceil(n_tokens / (8 NTF)) token tiles; every segment of a.seg has Group's type. Every thread
+// reaches the barrier: rows and tokens past the end are computed on clamped indices and dropped at
+// the store.
+template <typename Group, int NTF>
+__global__ void __launch_bounds__(kThreads, 2) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
+  // The token tiles of one row tile are neighbours in the grid, so its weights come from L2 after
+  // the first of them reads them.
+  const int n_token_tiles = (a.n_tokens + 8 * NTF - 1) / (8 * NTF);
+  const int row_tile = int(blockIdx.x) / n_token_tiles;
   int si = 0;
-  while (si + 1 < a.n_segs && int(blockIdx.x) >= a.first_block[si + 1]) ++si;
+  while (si + 1 < a.n_segs && row_tile >= a.first_block[si + 1]) ++si;
   const MatSeg& seg = a.seg[si];
-  const int tile = int(blockIdx.x) - a.first_block[si];
-  const int t0 = int(blockIdx.y) * 8 * NTF;
+  const int tile = row_tile - a.first_block[si];
+  const Tokens tok{a.act, a.act_stride, int(blockIdx.x) % n_token_tiles * 8 * NTF, a.n_tokens - 1};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-  StagedScales& staged = reinterpret_cast<StagedScales*>(smem)[warp];
 
-  float acc[2][NTF][4];
+  float acc[NTF][4];
 #pragma unroll
-  for (int f = 0; f < 2; ++f)
+  for (int nf = 0; nf < NTF; ++nf)
 #pragma unroll
-    for (int nf = 0; nf < NTF; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[f][nf][e] = 0.0f;
-  switch (seg.w.type) {
-    case GgmlType::Q4_K: tile_streams<GroupQK45<false>, NTF>(a, seg, tile, t0, staged, acc); break;
-    case GgmlType::Q5_K: tile_streams<GroupQK45<true>, NTF>(a, seg, tile, t0, staged, acc); break;
-    case GgmlType::Q6_K: tile_streams<GroupQ6K, NTF>(a, seg, tile, t0, staged, acc); break;
-    case GgmlType::Q8_0: tile_streams<GroupQ8, NTF>(a, seg, tile, t0, staged, acc); break;
-    default: break;  // the launcher only sends supported types
-  }
+    for (int e = 0; e < 4; ++e) acc[nf][e] = 0.0f;
+  tile_streams<Group, NTF>(a, seg, tile, tok, acc);
 
-  // The streams meet in shared memory (the staging area is reused): red[warp][value][lane].
+  // The streams meet in shared memory: red[warp][value][lane].
+  constexpr int kValues = NTF * 4;
+  __shared__ float red[kWarps * kValues * 32];
+#pragma unroll
+  for (int nf = 0; nf < NTF; ++nf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[(warp * kValues + nf * 4 + e) * 32 + lane] = acc[nf][e];
   __syncthreads();
-  float* red = reinterpret_cast<float*>(smem);
-  constexpr int kValues = 2 * NTF * 4;
-#pragma unroll
-  for (int f = 0; f < 2; ++f)
-#pragma unroll
-    for (int nf = 0; nf < NTF; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * kValues + (f * NTF + nf) * 4 + e) * 32 + lane] = acc[f][nf][e];
-  __syncthreads();
-  // Warp w finishes the (token fragment, element) pairs w, w + 8, ... of every lane position.
-  for (int q = warp; q < NTF * 4; q += kWarps) {
-    const int nf = q / 4, e = q % 4;
+  // Warp w finishes the (token fragment, token of the thread) pairs w, w + 8, ...: both rows.
+  for (int q = warp; q < NTF * 2; q += kWarps) {
+    const int nf = q / 2, k = q % 2;
     float s[2][8];
 #pragma unroll
-    for (int f = 0; f < 2; ++f)
+    for (int r = 0; r < 2; ++r)
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s[f][w] = red[(w * kValues + (f * NTF + nf) * 4 + e) * 32 + lane];
-    const int t = t0 + 8 * nf + 2 * tid + (e & 1);
+      for (int w = 0; w < kWarps; ++w) s[r][w] = red[(w * kValues + nf * 4 + 2 * r + k) * 32 + lane];
+    const int t = tok.first + 8 * nf + 2 * tid + k;
     int r0, r1, j, unused;
     bool ok0, ok1;
-    tile_row(seg, a.extra, tile, 0, gid + 8 * (e >> 1), r0, j, ok0);
-    tile_row(seg, a.extra, tile, 1, gid + 8 * (e >> 1), r1, unused, ok1);
+    tile_row(seg, a.extra, tile, gid, r0, j, ok0);
+    tile_row(seg, a.extra, tile, gid + 8, r1, unused, ok1);
     if (t < a.n_tokens && ok0) store_pair(seg, a.extra, t, r0, r1, j, ok1, stream_tree(s[0]), stream_tree(s[1]));
   }
 }
 
-template <int NTF>
-void launch_ntf(const MmaArgs& a, int blocks, cudaStream_t s) {
-  const dim3 grid(blocks, (a.n_tokens + 8 * NTF - 1) / (8 * NTF));
-  matmul_mma_kernel<NTF><<<grid, kThreads, smem_bytes(NTF), s>>>(a);
+template <typename Group>
+void launch_group(const MmaArgs& a, int row_tiles, cudaStream_t s) {
+  // At most 32 tokens a CTA: four fragments keep the kernel near 128 registers (two CTAs per SM).
+  // (measured: 16 tokens a CTA is 4-5 % slower than 32 at 32 and 64 sequences)
+  const int ntf = a.n_tokens <= 8 ? 1 : a.n_tokens <= 16 ? 2 : 4;
+  const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
+  if (ntf == 1)
+    matmul_mma_kernel<Group, 1><<<grid, kThreads, 0, s>>>(a);
+  else if (ntf == 2)
+    matmul_mma_kernel<Group, 2><<<grid, kThreads, 0, s>>>(a);
+  else
+    matmul_mma_kernel<Group, 4><<<grid, kThreads, 0, s>>>(a);
 }
 
 }  // namespace
@@ -382,50 +417,46 @@ bool matmul_mma_supports(GgmlType t) {
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0;
 }
 
-void init_matmul_mma_kernels() {
-  auto set = [](const void* fn, int bytes) {
-    const cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e != cudaSuccess) fail("matmul_mma: cannot reserve ", bytes, " bytes of shared memory: ", cudaGetErrorString(e));
-  };
-  set(reinterpret_cast<const void*>(matmul_mma_kernel<1>), smem_bytes(1));
-  set(reinterpret_cast<const void*>(matmul_mma_kernel<2>), smem_bytes(2));
-  set(reinterpret_cast<const void*>(matmul_mma_kernel<4>), smem_bytes(4));
-  set(reinterpret_cast<const void*>(matmul_mma_kernel<8>), smem_bytes(8));
-}
-
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
                        int n_tokens, const MatVecExtra& extra, cudaStream_t s) {
   if (n_segs < 1 || n_segs > kMaxSegs) fail("matmul_mma: ", n_segs, " segments (1..3 supported)");
-  if (n_tokens <= 0) return;
-  MmaArgs a{};
-  a.n_segs = n_segs;
-  int blocks = 0;
   for (int i = 0; i < n_segs; ++i) {
-    const MatSeg& seg = segs[i];
-    if (!matmul_mma_supports(seg.w.type))
-      fail("matmul_mma: no kernel for weight type ", type_traits(seg.w.type).name);
-    if (seg.w.cols % type_traits(seg.w.type).block_size != 0)
-      fail("matmul_mma: rows of ", seg.w.cols, " do not fill whole blocks");
-    a.seg[i] = seg;
-    a.first_block[i] = blocks;
-    const bool roped = seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK;
-    blocks += roped ? (seg.w.rows / 2 + 15) / 16 : (seg.w.rows + kTileRows - 1) / kTileRows;
+    if (!matmul_mma_supports(segs[i].w.type))
+      fail("matmul_mma: no kernel for weight type ", type_traits(segs[i].w.type).name);
+    if (segs[i].w.cols % type_traits(segs[i].w.type).block_size != 0)
+      fail("matmul_mma: rows of ", segs[i].w.cols, " do not fill whole blocks");
   }
-  a.first_block[n_segs] = blocks;
-  a.act = act_q8;
-  a.act_stride = act_q8_stride;
-  a.n_tokens = n_tokens;
-  a.extra = extra;
-  if (n_tokens <= 8)
-    launch_ntf<1>(a, blocks, s);
-  else if (n_tokens <= 16)
-    launch_ntf<2>(a, blocks, s);
-  else if (n_tokens <= 32)
-    launch_ntf<4>(a, blocks, s);
-  else
-    launch_ntf<8>(a, blocks, s);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail("CUDA kernel matmul_mma: ", cudaGetErrorString(e));
+  if (n_tokens <= 0) return;
+  // One launch per weight type among the segments (a kernel per type keeps its registers to
+  // what that type needs), in the order the types first appear.
+  bool done[kMaxSegs] = {};
+  for (int first = 0; first < n_segs; ++first) {
+    if (done[first]) continue;
+    const GgmlType type = segs[first].w.type;
+    MmaArgs a{};
+    int row_tiles = 0;
+    for (int i = first; i < n_segs; ++i) {
+      if (segs[i].w.type != type) continue;
+      done[i] = true;
+      a.seg[a.n_segs] = segs[i];
+      a.first_block[a.n_segs++] = row_tiles;
+      const bool roped = segs[i].epi == Epilogue::RopeQ || segs[i].epi == Epilogue::RopeK;
+      row_tiles += roped ? (segs[i].w.rows / 2 + 7) / 8 : (segs[i].w.rows + kTileRows - 1) / kTileRows;
+    }
+    a.first_block[a.n_segs] = row_tiles;
+    a.act = act_q8;
+    a.act_stride = act_q8_stride;
+    a.n_tokens = n_tokens;
+    a.extra = extra;
+    switch (type) {
+      case GgmlType::Q4_K: launch_group<GroupQK45<false>>(a, row_tiles, s); break;
+      case GgmlType::Q5_K: launch_group<GroupQK45<true>>(a, row_tiles, s); break;
+      case GgmlType::Q6_K: launch_group<GroupQ6K>(a, row_tiles, s); break;
+      default: launch_group<GroupQ8>(a, row_tiles, s); break;
+    }
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) fail("CUDA kernel matmul_mma: ", cudaGetErrorString(e));
+  }
 }
 
 }  // namespace minfer::cuda

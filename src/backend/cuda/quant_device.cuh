@@ -37,19 +37,25 @@ __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 
-// pad40 block: f16 d at 0, 2 pad bytes, 32 int8 at 4, int32 sum of the quants at 36.
-// Same rule as quantize_row_pad40 on the CPU: amax is exact in any order, rintf and the clamp are
-// per element, so every byte matches.
-__device__ __forceinline__ void quantize_pad40_block(const float* __restrict__ src,
-                                                     uint8_t* __restrict__ dst) {
+// pad40 block: f16 d at 0, 2 pad bytes, 32 int8 at 4, int32 sum of the quants at 36. The 8 blocks
+// of a 256-column group share one scale, so 8 lanes quantize a group together: lanes 8i..8i+7 of
+// the warp hold blocks 8g..8g+7 of one group; a lane whose block lies past the row passes
+// valid = false (it loads and writes nothing). Same rule as quantize_row_pad40_grouped on the CPU: amax is
+// exact in any order, rintf and the clamp are per element, so every byte matches.
+// REQUIRES: all 32 lanes of the warp call it together (the group's amax is shuffled).
+__device__ __forceinline__ void quantize_pad40_group_member(const float* __restrict__ src,
+                                                            uint8_t* __restrict__ dst, bool valid) {
   float4 v[8];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = reinterpret_cast<const float4*>(src)[i];
+  for (int i = 0; i < 8; ++i) v[i] = valid ? reinterpret_cast<const float4*>(src)[i] : make_float4(0, 0, 0, 0);
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i)
     amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[i].x), fabsf(v[i].y)),
                              fmaxf(fabsf(v[i].z), fabsf(v[i].w))));
+#pragma unroll
+  for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  if (!valid) return;
   const float d = amax / 127.0f;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   int sum = 0;
@@ -86,32 +92,35 @@ __device__ __forceinline__ void rope_rotate(float& x0, float& x1, int pos, float
 __device__ __forceinline__ float silu_mul(float g, float u) { return (g / (1.0f + expf(-g))) * u; }
 
 // ---- the canonical order's terms ----------------------------------------------------------------
-// One term per 32-column sub-block of a weight row against one pad40 activation block. Every
-// operation rounds explicitly (no contraction), so the two decode matmul kernels and the CPU
-// reference in the tests (tests/cuda/canonical_matmul.h) produce the same bits.
+// One term per 256-column group of a weight row against one pad40 activation row
+// (quant/canonical_dot.h states the order on the CPU). Every float operation rounds explicitly
+// (no contraction), so the two decode matmul kernels and the CPU statement produce the same bits.
 
-// q4_K / q5_K: d * sc and dmin * m of one sub-block (per row; shared by every token).
-__device__ __forceinline__ float qk_scale(float d, int sc) { return __fmul_rn(d, __int2float_rn(sc)); }
-// isum = sum of q * a over the sub-block, asum = the activation block's sum, da its scale.
-__device__ __forceinline__ float term_qk(float d_sc, float dmin_m, int isum, int asum, float da) {
-  return __fmul_rn(da, __fmaf_rn(d_sc, __int2float_rn(isum), -__fmul_rn(dmin_m, __int2float_rn(asum))));
+// q4_K / q5_K: S = sum_j sc_j * isum_j and M = sum_j m_j * asum_j over the group's 8 sub-blocks
+// (exact integers), d / dmin the super-block's scales, da the group's activation scale.
+__device__ __forceinline__ float group_term_qk(float d, float dmin, int S, int M, float da) {
+  return __fmul_rn(da, __fmaf_rn(d, __int2float_rn(S), -__fmul_rn(dmin, __int2float_rn(M))));
 }
-// q6_K: scaled = sc_lo * isum_lo + sc_hi * isum_hi over the sub-block's two 16-element halves.
-__device__ __forceinline__ float term_q6k(float d, int scaled, float da) {
-  return __fmul_rn(__fmul_rn(d, da), __int2float_rn(scaled));
+// q6_K: S = sum over the 16 halves of sc_h * isum_h.
+__device__ __forceinline__ float group_term_q6k(float d, int S, float da) {
+  return __fmul_rn(__fmul_rn(d, da), __int2float_rn(S));
 }
-// q8_0: one block.
+// q8_0: one 32-block's term; a group adds its 8 with the canonical tree.
 __device__ __forceinline__ float term_q8_0(float d, int isum, float da) {
   return __fmul_rn(__fmul_rn(d, da), __int2float_rn(isum));
 }
 
 // ---- dot-product units of the warp-per-row-pair kernel ------------------------------------------
 // A row is cut into units of 64 columns, four per 256-column group. Lane l of a warp takes units
-// l, l + 32, ...: lanes 4s..4s+3 hold the four units of one group, which they combine into the
-// group value (the canonical tree over its eight sub-block terms) with two shuffles; so lane quad
-// s sums the groups of stream s. pair_terms returns the lane's share of that tree and must be
-// called by all 32 lanes (q6_K exchanges integer sums with its neighbour); a lane whose unit lies
-// past the row passes valid = false and contributes 0.
+// l, l + 32, ...: lanes 4s..4s+3 hold the four units of one group, so lane quad s sums the groups
+// of stream s. The k-quant units (kIntegerGroups) return the lane's share of the group's integer
+// sums (S, M), which the quad adds exactly before one group_term; the 32-block units return the
+// lane's share of the float tree over the group's eight block terms (pair_terms), which the quad
+// finishes with two shuffles. A lane whose unit lies past the row passes valid = false.
+
+struct GroupSums {
+  int s = 0, m = 0;
+};
 
 struct ActQ8 {  // one pad40 block
   const uint8_t* p;
@@ -135,7 +144,7 @@ __device__ __forceinline__ void k_scale_min(uint4 h, int j, int& sc, int& m) {
 // q4_K / q5_K: unit = (super-block, chunk c of 64 elements = sub-blocks 2c and 2c+1).
 template <bool Q5>
 struct UnitQK45 {
-  static constexpr bool kLanePairsShareTerms = false;
+  static constexpr bool kIntegerGroups = true;
   uint4 h, q0, q1, qh0, qh1;
   int c;
   __device__ void load(const DevMat& m, int row, int u) {
@@ -151,9 +160,10 @@ struct UnitQK45 {
       qh1 = ld16(b + 32);
     }
   }
-  // T_{2c} + T_{2c+1}
-  __device__ float pair_terms(const uint8_t* act, int u, bool valid) const {
-    if (!valid) return 0.0f;
+  // Sub-blocks 2c and 2c+1: sc * isum and m * asum of both.
+  __device__ GroupSums group_sums(const uint8_t* act, int u, bool valid) const {
+    GroupSums r;
+    if (!valid) return r;
     const int sb = u >> 2;
     const ActQ8 a0{act + size_t(sb * 8 + 2 * c) * kPad40Bytes};
     const ActQ8 a1{act + size_t(sb * 8 + 2 * c + 1) * kPad40Bytes};
@@ -173,19 +183,21 @@ struct UnitQK45 {
     int sc0, m0, sc1, m1;
     k_scale_min(h, 2 * c, sc0, m0);
     k_scale_min(h, 2 * c + 1, sc1, m1);
-    const float d = h2f(uint16_t(h.x)), dmin = h2f(uint16_t(h.x >> 16));
-    const float t0 = term_qk(qk_scale(d, sc0), qk_scale(dmin, m0), s0, a0.sum(), a0.d());
-    const float t1 = term_qk(qk_scale(d, sc1), qk_scale(dmin, m1), s1, a1.sum(), a1.d());
-    return __fadd_rn(t0, t1);
+    r.s = sc0 * s0 + sc1 * s1;
+    r.m = m0 * a0.sum() + m1 * a1.sum();
+    return r;
+  }
+  __device__ float group_term(GroupSums g, const uint8_t* act, int u) const {
+    const float da = ActQ8{act + size_t(u >> 2) * 8 * kPad40Bytes}.d();
+    return group_term_qk(h2f(uint16_t(h.x)), h2f(uint16_t(h.x >> 16)), g.s, g.m, da);
   }
 };
 
 // q6_K (210-byte blocks: ql[128], qh[64], int8 scales[16], f16 d): unit = (super-block, half n,
 // 16-lane range lh): elements n*128 + 32g + 16lh + i for g = 0..3, i = 0..15, i.e. one 16-element
-// half of sub-blocks 4n..4n+3. The lane pair (lh = 0, 1) adds its scaled integer sums, so both hold
-// the terms T_{4n..4n+3} and return (T_{4n} + T_{4n+1}) + (T_{4n+2} + T_{4n+3}).
+// half of sub-blocks 4n..4n+3, each with its own scale.
 struct UnitQ6K {
-  static constexpr bool kLanePairsShareTerms = true;
+  static constexpr bool kIntegerGroups = true;
   uint32_t A[4], B[4], H[4], sc[2];
   float d;
   int n, lh;
@@ -200,34 +212,29 @@ struct UnitQ6K {
     ld_words_a2(b + 192 + 8 * n, sc);
     d = h2f(ld_u16(b + 208));
   }
-  __device__ float pair_terms(const uint8_t* act, int u, bool valid) const {
+  __device__ GroupSums group_sums(const uint8_t* act, int u, bool valid) const {
+    GroupSums r;
+    if (!valid) return r;
     const int sb = u >> 2;
-    int scaled[4] = {0, 0, 0, 0};
-    if (valid) {
 #pragma unroll
-      for (int g = 0; g < 4; ++g) {
-        const ActQ8 act_g{act + size_t(sb * 8 + 4 * n + g) * kPad40Bytes};
-        int s = 0;
+    for (int g = 0; g < 4; ++g) {
+      const ActQ8 act_g{act + size_t(sb * 8 + 4 * n + g) * kPad40Bytes};
+      int s = 0;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t lowsrc = (g & 1) ? B[k] : A[k];
-          const uint32_t low = (g < 2) ? (lowsrc & 0x0F0F0F0Fu) : ((lowsrc >> 4) & 0x0F0F0F0Fu);
-          const uint32_t q = low | (((H[k] >> (2 * g)) & 0x03030303u) << 4);
-          s = __dp4a(int(__vsub4(q, 0x20202020u)), act_g.w(4 * lh + k), s);
-        }
-        // scale byte 8n + 2g + lh: sc[0] holds bytes 8n..8n+3, sc[1] 8n+4..8n+7
-        const uint32_t word = (g < 2) ? sc[0] : sc[1];
-        scaled[g] = int(int8_t(word >> (8 * (2 * (g & 1) + lh)))) * s;
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t lowsrc = (g & 1) ? B[k] : A[k];
+        const uint32_t low = (g < 2) ? (lowsrc & 0x0F0F0F0Fu) : ((lowsrc >> 4) & 0x0F0F0F0Fu);
+        const uint32_t q = low | (((H[k] >> (2 * g)) & 0x03030303u) << 4);
+        s = __dp4a(int(__vsub4(q, 0x20202020u)), act_g.w(4 * lh + k), s);
       }
+      // scale byte 8n + 2g + lh: sc[0] holds bytes 8n..8n+3, sc[1] 8n+4..8n+7
+      const uint32_t word = (g < 2) ? sc[0] : sc[1];
+      r.s += int(int8_t(word >> (8 * (2 * (g & 1) + lh)))) * s;
     }
-#pragma unroll
-    for (int g = 0; g < 4; ++g) scaled[g] += __shfl_xor_sync(0xffffffffu, scaled[g], 1);
-    if (!valid) return 0.0f;
-    float t[4];
-#pragma unroll
-    for (int g = 0; g < 4; ++g)
-      t[g] = term_q6k(d, scaled[g], ActQ8{act + size_t(sb * 8 + 4 * n + g) * kPad40Bytes}.d());
-    return __fadd_rn(__fadd_rn(t[0], t[1]), __fadd_rn(t[2], t[3]));
+    return r;
+  }
+  __device__ float group_term(GroupSums g, const uint8_t* act, int u) const {
+    return group_term_q6k(d, g.s, ActQ8{act + size_t(u >> 2) * 8 * kPad40Bytes}.d());
   }
 };
 
@@ -235,7 +242,7 @@ struct UnitQ6K {
 // may lie past the row: its term is 0).
 template <GgmlType T>
 struct Unit32Pair {
-  static constexpr bool kLanePairsShareTerms = false;
+  static constexpr bool kIntegerGroups = false;
   static constexpr bool kQ8 = T == GgmlType::Q8_0;
   static constexpr bool kQ5 = T == GgmlType::Q5_0 || T == GgmlType::Q5_1;
   static constexpr bool kMin = T == GgmlType::Q4_1 || T == GgmlType::Q5_1;
