@@ -57,8 +57,9 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, u
 }
 
 // The two B registers of one token's sub-block. Volatile so the compiler keeps the loads where the
-// driver issues them (one sub-block ahead) instead of hoisting every load of the group, which
-// costs more registers than the latency it hides.
+// driver issues them (just before their sub-block) instead of hoisting every load of the group:
+// the registers that takes spill, and spills cost more than the latency hidden (measured: loading
+// one sub-block ahead, with spills, was 4 % slower at 32 and 64 sequences).
 __device__ __forceinline__ uint2 ldg_b_pair(const uint8_t* p0, const uint8_t* p1) {
   uint2 v;
   asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v.x) : "l"(p0));
@@ -75,11 +76,11 @@ __device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
 }
 
 // ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----
-// load() reads the group's bytes; sub_block(j, ...) multiplies sub-block j (pad40 block blk =
-// 8g + j) with every token fragment into the per-fragment state Part; finish() turns a Part into
-// the 4 terms of the thread's C fragment (element e: row R[e / 2], token 2 tid + e % 2), da[e % 2]
-// being the group scales of the thread's two tokens. brow[nf]: the activation row of token
-// fragment nf's column gid (the B operand).
+// load() reads the group's bytes; b_operand() loads a token's B registers of one sub-block;
+// multiply(j, b, ...) multiplies sub-block j (pad40 block blk = 8g + j) with every token
+// fragment (b[nf]: column gid of fragment nf) into the per-fragment state Part; finish() turns a
+// Part into the 4 terms of the thread's C fragment (element e: row R[e / 2], token 2 tid + e % 2),
+// da[e % 2] being the group scales of the thread's two tokens.
 
 // The CTA's token rows; tokens past the end read the last one (their results are dropped).
 struct Tokens {
@@ -304,9 +305,9 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     bool ok;
     tile_row(seg, a.extra, tile, gid + 8 * r, R[r], j, ok);
   }
-  const uint8_t* brow[NTF];
+  uint32_t brow_off[NTF];  // byte offsets of the B operands' token rows (32 bits: fewer registers)
 #pragma unroll
-  for (int nf = 0; nf < NTF; ++nf) brow[nf] = tok.row(8 * nf + gid);
+  for (int nf = 0; nf < NTF; ++nf) brow_off[nf] = uint32_t(tok.row(8 * nf + gid) - tok.act);
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
   for (int g = warp; g < n_groups; g += kWarps) {
@@ -319,22 +320,13 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     Group grp;
     grp.load(m, R, g, tid);
     typename Group::Part part[NTF] = {};
-    uint2 b[NTF];
-#pragma unroll
-    for (int nf = 0; nf < NTF; ++nf) b[nf] = Group::b_operand(brow[nf] + size_t(8 * g) * kPad40Bytes, tid);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      uint2 b_next[NTF];
-      const int blk_next = min(8 * g + j + 1, n_blocks - 1);  // in bounds; unused past the group
-      if (j < 7) {
+      uint2 b[NTF];
 #pragma unroll
-        for (int nf = 0; nf < NTF; ++nf) b_next[nf] = Group::b_operand(brow[nf] + size_t(blk_next) * kPad40Bytes, tid);
-      }
+      for (int nf = 0; nf < NTF; ++nf)  // a q8_0 row's short last group reads its last block again (unused)
+        b[nf] = Group::b_operand(tok.act + brow_off[nf] + uint32_t(min(8 * g + j, n_blocks - 1)) * kPad40Bytes, tid);
       grp.multiply(j, b, 8 * g + j, tok, tid, part);
-      if (j < 7) {
-#pragma unroll
-        for (int nf = 0; nf < NTF; ++nf) b[nf] = b_next[nf];
-      }
     }
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
