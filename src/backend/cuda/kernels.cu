@@ -70,10 +70,54 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
   }
 }
 
+// Whole rows in blocks of 32: thread b owns elements 32b .. 32b + 31 of its block's row in
+// registers, from the load to the pad40 epilogue (no second pass over the row). One pass of
+// loads, one reduction, one pass of stores: the row's latency is paid once.
+// REQUIRES: blockDim.x = width / 32 rounded up to a warp (<= 1024); x, out, w 16-byte aligned
+// with ld_x, ld_out multiples of 4. Threads past the row take part in the reduction and the
+// group shuffles with zeros.
+__global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
+                                     float* __restrict__ out, int ld_out, int width, float eps,
+                                     uint8_t* __restrict__ q8, int q8_rows) {
+  __shared__ float red[32];
+  const int row = blockIdx.x, b = threadIdx.x;
+  const bool valid = b < width / 32;
+  float4 v[8];
+  float ss = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    v[i] = valid ? reinterpret_cast<const float4*>(x + size_t(row) * ld_x + 32 * b)[i] : make_float4(0, 0, 0, 0);
+    ss = fmaf(v[i].x, v[i].x, ss);
+    ss = fmaf(v[i].y, v[i].y, ss);
+    ss = fmaf(v[i].z, v[i].z, ss);
+    ss = fmaf(v[i].w, v[i].w, ss);
+  }
+  ss = block_sum(ss, red);
+  const float scale = rsqrtf(ss / float(width) + eps);
+  if (valid) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 wi = reinterpret_cast<const float4*>(w + 32 * b)[i];
+      v[i] = make_float4((v[i].x * scale) * wi.x, (v[i].y * scale) * wi.y, (v[i].z * scale) * wi.z,
+                         (v[i].w * scale) * wi.w);
+      reinterpret_cast<float4*>(out + size_t(row) * ld_out + 32 * b)[i] = v[i];
+    }
+  }
+  if (q8 == nullptr || row >= q8_rows) return;  // uniform over the block
+  quantize_pad40_group_values(v, q8 + size_t(row) * pad40_row_bytes(width) + size_t(b) * kPad40Bytes, valid);
+}
+
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
                      int width, int group, float eps, uint8_t* q8, int q8_rows, cudaStream_t s) {
   if (group <= 0) group = width;
   if (q8 && (group != width || width % 32 != 0)) fail("rms_norm: fused quantize needs whole rows");
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (group == width && width % 32 == 0 && width <= 32 * 1024 && ld_x % 4 == 0 && ld_out % 4 == 0 &&
+      aligned(x) && aligned(out) && aligned(w)) {
+    rms_norm_rows_kernel<<<n_rows, (width / 32 + 31) / 32 * 32, 0, s>>>(x, ld_x, w, out, ld_out, width, eps, q8, q8_rows);
+    check_launch("rms_norm");
+    return;
+  }
   const int blocks = n_rows * (width / group);
   const int threads = group >= kNormThreads ? kNormThreads : ((group + 31) / 32) * 32;
   rms_norm_kernel<<<blocks, threads, 0, s>>>(x, ld_x, w, out, ld_out, width, group, eps, q8, q8_rows);

@@ -43,11 +43,9 @@ __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) {
 // valid = false (it loads and writes nothing). Same rule as quantize_row_pad40_grouped on the CPU: amax is
 // exact in any order, rintf and the clamp are per element, so every byte matches.
 // REQUIRES: all 32 lanes of the warp call it together (the group's amax is shuffled).
-__device__ __forceinline__ void quantize_pad40_group_member(const float* __restrict__ src,
-                                                            uint8_t* __restrict__ dst, bool valid) {
-  float4 v[8];
-#pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = valid ? reinterpret_cast<const float4*>(src)[i] : make_float4(0, 0, 0, 0);
+// The block's 32 values in registers (zeros where !valid).
+__device__ __forceinline__ void quantize_pad40_group_values(const float4 (&v)[8], uint8_t* __restrict__ dst,
+                                                            bool valid) {
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i)
@@ -77,6 +75,14 @@ __device__ __forceinline__ void quantize_pad40_group_member(const float* __restr
 #pragma unroll
   for (int i = 0; i < 8; ++i) qs[i] = packed[i];
   *reinterpret_cast<int*>(dst + 36) = sum;
+}
+// The block's values read from src (32 floats, 16-byte aligned).
+__device__ __forceinline__ void quantize_pad40_group_member(const float* __restrict__ src,
+                                                            uint8_t* __restrict__ dst, bool valid) {
+  float4 v[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = valid ? reinterpret_cast<const float4*>(src)[i] : make_float4(0, 0, 0, 0);
+  quantize_pad40_group_values(v, dst, valid);
 }
 
 // Rotation of one rope pair; explicit roundings so every kernel that ropes gets the same bits.
