@@ -20,7 +20,7 @@ namespace cuda {
 int mma_min_rows() {
   static const int rows = [] {
     const char* v = std::getenv("MINFER_MMA_MIN_ROWS");
-    return v && *v ? std::max(1, std::atoi(v)) : 2;
+    return v && *v ? std::max(1, std::atoi(v)) : 1;
   }();
   return rows;
 }

@@ -56,8 +56,10 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Impl> impl_;
 };
 
-// Decode matmuls of at least this many rows use the tensor-core kernel (both kernels give the same
-// bits; this is a speed choice, measured: docs/10-batching.md). MINFER_MMA_MIN_ROWS overrides it.
+// Decode matmuls of at least this many rows use the tensor-core kernel, the others the warp-per-row
+// kernel (both give the same bits; a speed choice, measured: docs/10-batching.md — since the
+// grouped order the tensor-core kernel is faster from one row, so the default is 1).
+// MINFER_MMA_MIN_ROWS overrides it.
 int mma_min_rows();
 
 // Device-to-device copy rate in bytes per second (bytes read + bytes written), for rooflines.
