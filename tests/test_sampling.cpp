@@ -132,6 +132,36 @@ TEST(Sampler, FrequenciesMatchTemperedSoftmax) {
   EXPECT_LT(chi2, 40.0);  // 5 degrees of freedom: P(chi2 > 40) < 1e-6
 }
 
+// With no cut the draw runs over the whole vocabulary in blocks: frequencies across many blocks
+// still follow the float64 softmax, and a -inf logit (a masked token) is never drawn.
+TEST(Sampler, DrawOverManyBlocksMatchesTheSoftmax) {
+  const float temp = 0.9f;
+  std::vector<float> logits(5000, -std::numeric_limits<float>::infinity());
+  std::vector<size_t> live;
+  for (size_t k = 0; k < 12; ++k) live.push_back(k * 411 + 7);  // spread over 20 blocks of 256
+  for (size_t k = 0; k < live.size(); ++k) logits[live[k]] = 0.25f * float(k % 5) - 0.1f * float(k);
+  logits[4999] = -200.0f;  // far below the best: weight 0 after the exponent's range
+  std::vector<double> prob(logits.size(), 0.0);
+  double z = 0;
+  for (size_t i : live) z += prob[i] = std::exp(double(logits[i]) / temp);
+  for (double& q : prob) q /= z;
+  Sampler s(plain(temp));
+  const int draws = 20000;
+  const std::vector<int> c = histogram(s, logits, draws);
+  double chi2 = 0;
+  int dead = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (prob[i] == 0) {
+      dead += c[i];
+      continue;
+    }
+    const double e = draws * prob[i];
+    chi2 += (c[i] - e) * (c[i] - e) / e;
+  }
+  EXPECT_EQ(dead, 0);
+  EXPECT_LT(chi2, 50.0);  // 11 degrees of freedom: P(chi2 > 50) < 1e-6
+}
+
 // A vocabulary of Qwen's size: the cuts sort only as far as they need, so the kept sets must still
 // be exactly the float64 reference's (the best tokens, in order, up to the top-p mass or above
 // the min-p fraction), including cuts that reach thousands of candidates.

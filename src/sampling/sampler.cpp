@@ -5,6 +5,7 @@
 #include <limits>
 #include <unordered_map>
 
+#include "sampling/draw.h"
 #include "util/error.h"
 
 namespace minfer {
@@ -76,31 +77,37 @@ Sampler::Sampler(SamplerParams p) : params_(p), rng_(p.seed) { params_.validate(
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) fail("sampler: empty logits");
   const SamplerParams& p = params_;
-  cand_.resize(logits.size());
-  for (size_t i = 0; i < logits.size(); ++i) cand_[i] = {logits[i], int32_t(i)};
 
-  // Penalties over the last penalty_last_n tokens of history.
+  // Penalties over the last penalty_last_n tokens of history, on a copy of the logits.
   const bool penalize = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f ||
                         p.frequency_penalty != 0.0f;
   if (penalize && p.penalty_last_n != 0) {
+    penalized_.assign(logits.begin(), logits.end());
     const size_t n = p.penalty_last_n < 0 ? history.size()
                                           : std::min(history.size(), size_t(p.penalty_last_n));
     std::unordered_map<int32_t, int> counts;
     for (int32_t id : history.subspan(history.size() - n)) ++counts[id];
     for (const auto& [id, count] : counts) {
-      if (id < 0 || size_t(id) >= cand_.size()) continue;
-      float& l = cand_[size_t(id)].first;
+      if (id < 0 || size_t(id) >= penalized_.size()) continue;
+      float& l = penalized_[size_t(id)];
       l = l > 0 ? l / p.repeat_penalty : l * p.repeat_penalty;
       l -= float(count) * p.frequency_penalty + p.presence_penalty;
     }
+    logits = penalized_;
   }
+
+  if (greedy()) return argmax(logits);
+  // OpenAI's defaults cut nothing: the draw needs neither candidates nor any order.
+  const bool cuts = (p.top_k > 0 && size_t(p.top_k) < logits.size()) || p.top_p < 1.0f || p.min_p > 0.0f;
+  if (!cuts) return draw_all(logits);
+
+  cand_.resize(logits.size());
+  for (size_t i = 0; i < logits.size(); ++i) cand_[i] = {logits[i], int32_t(i)};
 
   // Highest logit first; ties broken by the lower id so the order is fully determined.
   const auto better = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  if (greedy()) return std::min_element(cand_.begin(), cand_.end(), better)->second;
-
   // Candidates are sorted best-first only as far as a cut needs: the first `sorted` entries are
   // the best in order (unique under `better`, so growing the prefix never reorders it) and the
   // rest follow unordered. With OpenAI's defaults (no top-k) a full sort of a 150k vocabulary
@@ -156,17 +163,20 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 
   // Temperature, then draw from the remaining distribution (in the candidates' order: best first
   // where a cut sorted them, else as they are; the distribution is the same).
-  std::vector<double> weight(keep);
+  weight_.resize(keep);
   double sum = 0;
-  for (size_t i = 0; i < keep; ++i)
-    sum += weight[i] = double(std::exp((cand_[i].first - max_logit) / p.temperature));
+  for (size_t i = 0; i < keep; ++i) sum += weight_[i] = std::exp((cand_[i].first - max_logit) / p.temperature);
   const double u = double(rng_() >> 11) * 0x1.0p-53 * sum;  // uniform in [0, sum)
   double cum = 0;
   for (size_t i = 0; i < keep; ++i) {
-    cum += weight[i];
+    cum += weight_[i];
     if (u < cum) return cand_[i].second;
   }
   return cand_[keep - 1].second;
+}
+
+int32_t Sampler::draw_all(std::span<const float> logits) {
+  return draw_softmax(logits, params_.temperature, double(rng_() >> 11) * 0x1.0p-53, weight_, block_sum_);
 }
 
 }  // namespace minfer

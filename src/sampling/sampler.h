@@ -50,9 +50,15 @@ class Sampler {
   const SamplerParams& params() const { return params_; }
 
  private:
+  // Draws from softmax(l / temperature) over all of `logits`, in id order.
+  int32_t draw_all(std::span<const float> logits);
+
   SamplerParams params_;
   std::mt19937_64 rng_;
-  std::vector<std::pair<float, int32_t>> cand_;
+  std::vector<float> penalized_;                 // the logits after penalties (when any apply)
+  std::vector<std::pair<float, int32_t>> cand_;  // the candidates a cut sorts
+  std::vector<float> weight_;                    // the draw's unnormalized probabilities
+  std::vector<double> block_sum_;                // draw_all: their sums per block of 256
 };
 
 int32_t argmax(std::span<const float> logits);
