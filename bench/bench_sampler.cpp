@@ -32,34 +32,21 @@ void run(benchmark::State& state, SamplerParams p) {
   state.SetItemsProcessed(state.iterations());
 }
 
-void BM_OpenAiDefaults(benchmark::State& state) {
+// No top-k and no min-p; top_p and the repeat penalty as given.
+SamplerParams without_k_cuts(float top_p, float repeat_penalty) {
   SamplerParams p;
   p.temperature = 1.0f;
   p.top_k = 0;
-  p.top_p = 1.0f;
   p.min_p = 0.0f;
-  p.repeat_penalty = 1.0f;
-  run(state, p);
+  p.top_p = top_p;
+  p.repeat_penalty = repeat_penalty;
+  return p;
 }
+
+void BM_OpenAiDefaults(benchmark::State& state) { run(state, without_k_cuts(1.0f, 1.0f)); }
 void BM_CliDefaults(benchmark::State& state) { run(state, SamplerParams{}); }
-void BM_TopPOnly(benchmark::State& state) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.top_k = 0;
-  p.top_p = 0.95f;
-  p.min_p = 0.0f;
-  p.repeat_penalty = 1.0f;
-  run(state, p);
-}
-void BM_RepeatPenaltyNoCuts(benchmark::State& state) {
-  SamplerParams p;
-  p.temperature = 1.0f;
-  p.top_k = 0;
-  p.top_p = 1.0f;
-  p.min_p = 0.0f;
-  p.repeat_penalty = 1.1f;
-  run(state, p);
-}
+void BM_TopPOnly(benchmark::State& state) { run(state, without_k_cuts(0.95f, 1.0f)); }
+void BM_RepeatPenaltyNoCuts(benchmark::State& state) { run(state, without_k_cuts(1.0f, 1.1f)); }
 BENCHMARK(BM_OpenAiDefaults)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_CliDefaults)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_TopPOnly)->Unit(benchmark::kMicrosecond);
