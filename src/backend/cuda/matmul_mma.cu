@@ -3,7 +3,9 @@
 //
 // A CTA of 8 warps owns a tile of 16 weight rows (one m16 fragment) and up to 32 tokens (NTF <= 4
 // n8 fragments). Warp w sums stream w of the canonical order (quant/canonical_dot.h): the 256-column
-// groups g = w, w + 8, ... in order, the next group's weights loaded before this one is multiplied.
+// groups g = w, w + 8, ... in order, the next group's weight lines prefetched to L2 while this one
+// is multiplied. A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
+// kernel's registers are what its type needs.
 // For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
 // fragment, accumulating the group's exact integer sums per (row, token):
 //   q4_K / q5_K  S += sc_j * isum_j (integer multiply-add on the product), and M = sum_j m_j * asum_j
