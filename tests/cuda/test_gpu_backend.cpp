@@ -243,10 +243,11 @@ class PrecisionOracle {
   const std::vector<int32_t> whole_ = {0};  // the contiguous cache as one block
 };
 
-// Measured floors x2 (docs/07 §4): tiny prefill <= 5.2e-3, tiny decode <= 9.7e-3, 0.5b <= 2.6e-2.
+// Measured floors x2 (docs/07 §4): tiny prefill <= 5.2e-3; with the grouped decode plane tiny
+// decode <= 1.25e-2, 0.5b <= 3.8e-2 (prefill <= 3.3e-2), other presets <= 1.9e-2.
 double logits_bound(const std::string& preset, bool prefill) {
-  if (preset == "tiny") return prefill ? 1e-2 : 2e-2;
-  return 5e-2;
+  if (preset == "tiny") return prefill ? 1e-2 : 2.5e-2;
+  return 8e-2;
 }
 
 class GpuModel : public ::testing::TestWithParam<const char*> {};
