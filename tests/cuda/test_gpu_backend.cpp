@@ -144,10 +144,8 @@ class PrecisionOracle {
         case Op::Output: {
           logits.resize(size_t(w));
           const int64_t in_w = g_.slot_width[size_t(node.in[0])];
-          if (n == 1)
-            matmul(*node.weight, nullptr, in0, 1, logits.data());
-          else
-            cpu::matmul(pool_, *node.weight, nullptr, in0 + (n - 1) * in_w, 1, logits.data(), scratch_);
+          // The head is a decode matmul on every path (the prompt's last row included).
+          matmul(*node.weight, nullptr, in0 + (n - 1) * in_w, 1, logits.data());
           break;
         }
       }
