@@ -24,12 +24,13 @@ void dequantize_rows(GgmlType t, const void* src, float* dst, int64_t n_rows, in
 // Activation quantization to the pad40 layout (n % 32 == 0), per block of 32 (the CPU backend's
 // activations):
 //   amax = max|x|; d = amax / 127; id = d != 0 ? 1 / d : 0; q = clamp(rintf(x * id), -128, 127);
-//   stored d = f16(d); sum = sum of q. The CUDA kernels reproduce this bit for bit.
+//   stored d = f16(d); sum = sum of q.
 void quantize_row_pad40(const float* src, BlockQ8Pad40* dst, int64_t n);
 // The same rule with one amax per 256-column group (blocks 8g .. 8g + 7, fewer in the row's last
 // group): every block of a group stores the group's d and its own sum. The CUDA decode matmuls
-// read this form: the shared scale lets them sum a k-quant group in integers
-// (quant/canonical_dot.h). Coarser than per-block scales, as llama.cpp's q8_K on the CPU.
+// read this form (the CUDA quantize kernels reproduce it bit for bit): the shared scale lets them
+// sum a k-quant group in integers (quant/canonical_dot.h). Coarser than per-block scales, as
+// llama.cpp's q8_K on the CPU.
 void quantize_row_pad40_grouped(const float* src, BlockQ8Pad40* dst, int64_t n);
 // d * q per element (the values the pad40 dot products see).
 void dequantize_row_pad40(const BlockQ8Pad40* src, float* dst, int64_t n);
