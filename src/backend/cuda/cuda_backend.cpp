@@ -456,7 +456,7 @@ struct CudaBackend::Impl {
   }
 
   void decode_matmul(const Launch& l, const Geometry& geo, int count, cudaStream_t s) {
-    MatSeg segs[3];
+    MatSeg segs[kMaxMatSegs];
     for (int i = 0; i < l.n_segs; ++i) {
       const Node& n = graph.nodes[size_t(l.seg_node[size_t(i)])];
       const int out = l.n_segs == 1 ? l.out : n.out;

@@ -366,12 +366,11 @@ void launch_kv_append(const float* k, const float* v, int n_tokens, const KvLaye
 
 // ---- matrix-vector: warp per row pair, lanes stride over the row's units ----------------------
 constexpr int kMvWarps = 4;  // warps (= row pairs) per block
-constexpr int kMaxSegs = 3;
 constexpr int kMaxTokens = 8;  // tokens per launch of the multi-token form
 
 struct MatVecArgs {
-  MatSeg seg[kMaxSegs];
-  int first_block[kMaxSegs + 1];
+  MatSeg seg[kMaxMatSegs];
+  int first_block[kMaxMatSegs + 1];
   int n_segs;
   const uint8_t* act_q8;
   int64_t act_q8_stride;
@@ -515,7 +514,7 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
 void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
                    const float* act_f32, int act_f32_stride, int n_tokens,
                    const MatVecExtra& extra, cudaStream_t s) {
-  if (n_segs < 1 || n_segs > kMaxSegs) fail("matvec: ", n_segs, " segments (1..3 supported)");
+  if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matvec: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
   for (int t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
     const int nt = n_tokens - t0 < kMaxTokens ? n_tokens - t0 : kMaxTokens;
     MatVecArgs a{};

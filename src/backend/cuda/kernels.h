@@ -75,6 +75,8 @@ enum class Epilogue : int {
   RopeK,     // rope the pair, write f16 into the K cache (out unused)
   StoreV,    // write f16 into the V cache
 };
+// Weight matrices one decode-matmul launch takes (q/k/v; gate/up; one).
+constexpr int kMaxMatSegs = 3;
 struct MatSeg {
   DevMat w;
   const float* bias = nullptr;      // [rows]
@@ -96,7 +98,7 @@ struct MatVecExtra {
 // g % 8, each stream summed in order; a tree over the 8 streams; + bias; + residual. Both kernels
 // below follow it, so for these types they give the same bits for any token count.
 bool matmul_mma_supports(GgmlType t);
-// Warp-per-row-pair kernel (dp4a): up to 3 weight matrices in one launch (q/k/v, gate/up),
+// Warp-per-row-pair kernel (dp4a): up to kMaxMatSegs weight matrices in one launch (q/k/v, gate/up),
 // tokens in launches of 8. Activations: pad40 rows (act_q8_stride bytes apart) for quantized
 // weights, f32 rows for float weights (their own fixed order).
 void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,

@@ -34,11 +34,10 @@ namespace {
 constexpr int kWarps = 8;      // = the 8 streams of the canonical order
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 16;  // one m16 fragment: thread rows gid and gid + 8
-constexpr int kMaxSegs = 3;
 
 struct MmaArgs {
-  MatSeg seg[kMaxSegs];
-  int first_block[kMaxSegs + 1];
+  MatSeg seg[kMaxMatSegs];
+  int first_block[kMaxMatSegs + 1];
   int n_segs;
   const uint8_t* act;
   int64_t act_stride;
@@ -332,8 +331,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     }
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
-      const float da[2] = {ActQ8{tok.row(8 * nf + 2 * tid) + size_t(8 * g) * kPad40Bytes}.d(),
-                           ActQ8{tok.row(8 * nf + 2 * tid + 1) + size_t(8 * g) * kPad40Bytes}.d()};
+      const float da[2] = {act_group_scale(tok.row(8 * nf + 2 * tid), g), act_group_scale(tok.row(8 * nf + 2 * tid + 1), g)};
       float t[4];
       grp.finish(part[nf], da, t);
 #pragma unroll
@@ -415,7 +413,7 @@ bool matmul_mma_supports(GgmlType t) {
 
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
                        int n_tokens, const MatVecExtra& extra, cudaStream_t s) {
-  if (n_segs < 1 || n_segs > kMaxSegs) fail("matmul_mma: ", n_segs, " segments (1..3 supported)");
+  if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matmul_mma: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
   for (int i = 0; i < n_segs; ++i) {
     if (!matmul_mma_supports(segs[i].w.type))
       fail("matmul_mma: no kernel for weight type ", type_traits(segs[i].w.type).name);
@@ -425,7 +423,7 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const uint8_t* act_q8, in
   if (n_tokens <= 0) return;
   // One launch per weight type among the segments (a kernel per type keeps its registers to
   // what that type needs), in the order the types first appear.
-  bool done[kMaxSegs] = {};
+  bool done[kMaxMatSegs] = {};
   for (int first = 0; first < n_segs; ++first) {
     if (done[first]) continue;
     const GgmlType type = segs[first].w.type;

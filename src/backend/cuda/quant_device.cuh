@@ -134,6 +134,11 @@ struct ActQ8 {  // one pad40 block
   __device__ int sum() const { return *reinterpret_cast<const int*>(p + 36); }
   __device__ int w(int k) const { return ld4(p + 4 + 4 * k); }
 };
+// The activation scale of 256-column group g of a pad40 row: its first block's (every block of
+// the group holds the same, quantize_pad40_group_member).
+__device__ __forceinline__ float act_group_scale(const uint8_t* row, int g) {
+  return ActQ8{row + size_t(g) * 8 * kPad40Bytes}.d();
+}
 
 __device__ __forceinline__ void k_scale_min(uint4 h, int j, int& sc, int& m) {
   // h.y = scales bytes 0-3, h.z = bytes 4-7, h.w = bytes 8-11
@@ -194,8 +199,7 @@ struct UnitQK45 {
     return r;
   }
   __device__ float group_term(GroupSums g, const uint8_t* act, int u) const {
-    const float da = ActQ8{act + size_t(u >> 2) * 8 * kPad40Bytes}.d();
-    return group_term_qk(h2f(uint16_t(h.x)), h2f(uint16_t(h.x >> 16)), g.s, g.m, da);
+    return group_term_qk(h2f(uint16_t(h.x)), h2f(uint16_t(h.x >> 16)), g.s, g.m, act_group_scale(act, u >> 2));
   }
 };
 
@@ -240,7 +244,7 @@ struct UnitQ6K {
     return r;
   }
   __device__ float group_term(GroupSums g, const uint8_t* act, int u) const {
-    return group_term_q6k(d, g.s, ActQ8{act + size_t(u >> 2) * 8 * kPad40Bytes}.d());
+    return group_term_q6k(d, g.s, act_group_scale(act, u >> 2));
   }
 };
 
