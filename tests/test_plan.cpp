@@ -44,9 +44,9 @@ TEST(Plan, DecodeStepFusesQkvRopeKvGateUpResidualAndQuantize) {
   EXPECT_EQ(n.at("matvec_qkv_rope_kv"), L);
   EXPECT_EQ(n.at("matvec_gate_up"), L);
   EXPECT_EQ(n.at("matvec"), 2 * L);  // attn_out and ffn_down, each with its residual add
-  EXPECT_EQ(n.at("rms_norm_quant_pad40"), 2 * L + 1);
-  EXPECT_EQ(n.at("swiglu_quant_pad40"), L);
-  EXPECT_EQ(n.at("quantize_pad40"), L);  // attn_out only: its producer is attention
+  EXPECT_EQ(n.at("rms_norm_quant_q8"), 2 * L + 1);
+  EXPECT_EQ(n.at("swiglu_quant_q8"), L);
+  EXPECT_EQ(n.at("quantize_q8"), L);  // attn_out only: its producer is attention
   EXPECT_EQ(n.at("attention_split_combine"), L);
   EXPECT_EQ(n.count("rope"), 0u);
   EXPECT_EQ(n.count("kv_append"), 0u);
@@ -75,8 +75,8 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(prompt.at("prefill_attention"), L);
   EXPECT_EQ(prompt.count("attention_split_combine"), 0u);
   EXPECT_EQ(prompt.at("gather_output_rows"), 1);
-  EXPECT_EQ(prompt.count("rms_norm_quant_pad40"), 0u);  // no decode rows: no plane to write
-  EXPECT_EQ(prompt.at("quantize_pad40"), 1);           // the head's gathered rows
+  EXPECT_EQ(prompt.count("rms_norm_quant_q8"), 0u);  // no decode rows: no plane to write
+  EXPECT_EQ(prompt.at("quantize_q8"), 1);           // the head's gathered rows
   const auto mixed = count(lower(build_graph(m), Fusions{}, kMixed));
   EXPECT_EQ(mixed.at("matvec_qkv_rope_kv"), L);  // decode rows: fused, roped, cached
   EXPECT_EQ(mixed.at("gemm"), 7 * L);            // prompt rows: the GEMM
@@ -103,8 +103,8 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   n = count(lower(g, with([](Fusions& f) { f.fused_residual = false; }), kDecode));
   EXPECT_EQ(n.at("add"), 2 * m.hp.n_layer);
   n = count(lower(g, with([](Fusions& f) { f.decode_a_fuse = false; }), kDecode));
-  EXPECT_EQ(n.count("rms_norm_quant_pad40") + n.count("swiglu_quant_pad40"), 0u);
-  EXPECT_EQ(n.at("quantize_pad40"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
+  EXPECT_EQ(n.count("rms_norm_quant_q8") + n.count("swiglu_quant_q8"), 0u);
+  EXPECT_EQ(n.at("quantize_q8"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
 
   for (const StepShape shape : {kDecode, kPrompt, kMixed}) {
     const std::vector<Launch> plain = lower(g, Fusions::none(), shape);

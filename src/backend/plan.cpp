@@ -52,7 +52,7 @@ class Lowering {
   // A decode matmul over `rows` of slot `in`: quantized first unless its producer wrote the plane.
   void decode_matmul(Launch l) {
     if (q8_slot_ != l.in) {
-      Launch q{LaunchKind::Quantize, "quantize_pad40", l.rows, l.in};
+      Launch q{LaunchKind::Quantize, "quantize_q8", l.rows, l.in};
       q.node = l.node;
       emit(std::move(q));
     }
@@ -91,7 +91,7 @@ class Lowering {
         // every other decode matmul reads the decode rows.
         const bool q8 = f_.decode_a_fuse && s_.decode && n.group == 0 && width(n.out) % 32 == 0 &&
                         (to_head ? s_.output_is_all_rows : feeds_decode_matmul(i + 1, n.out));
-        Launch l{LaunchKind::RmsNorm, q8 ? "rms_norm_quant_pad40" : "rms_norm", Rows::All, n.in[0], -1, n.out,
+        Launch l{LaunchKind::RmsNorm, q8 ? "rms_norm_quant_q8" : "rms_norm", Rows::All, n.in[0], -1, n.out,
                  int(i), int(i)};
         l.writes_q8 = q8;
         emit(std::move(l));
@@ -181,7 +181,7 @@ class Lowering {
   void swiglu(size_t i) {
     const Node& n = node(i);
     const bool q8 = f_.decode_a_fuse && s_.decode && width(n.out) % 32 == 0 && feeds_decode_matmul(i + 1, n.out);
-    Launch l{LaunchKind::SwiGLU, q8 ? "swiglu_quant_pad40" : "swiglu", Rows::All, n.in[0], n.in[1], n.out, int(i),
+    Launch l{LaunchKind::SwiGLU, q8 ? "swiglu_quant_q8" : "swiglu", Rows::All, n.in[0], n.in[1], n.out, int(i),
              int(i)};
     l.writes_q8 = q8;
     emit(std::move(l));
@@ -223,7 +223,7 @@ class Lowering {
   const Fusions& f_;
   StepShape s_;
   std::vector<Launch> out_;
-  int q8_slot_ = -1;                  // the slot whose decode (or output) rows the pad40 plane holds
+  int q8_slot_ = -1;                  // the slot whose decode (or output) rows the q8 plane holds
   bool rope_done_for_decode_ = false; // the fused qkv epilogue roped and cached the decode rows
 };
 

@@ -16,7 +16,7 @@
 namespace minfer {
 
 struct Fusions {
-  bool decode_a_fuse = true;   // MINFER_NO_DECODE_A_FUSE: rms_norm/swiglu write the pad40 plane
+  bool decode_a_fuse = true;   // MINFER_NO_DECODE_A_FUSE: rms_norm/swiglu write the q8 plane
   bool cuda_graph = true;      // MINFER_NO_CUDA_GRAPH: launch decode steps one by one
   bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch
   bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
@@ -32,8 +32,8 @@ enum class Rows : uint8_t { All, Decode, Prompt, Output };
 
 enum class LaunchKind : uint8_t {
   Embed,            // token rows -> X
-  RmsNorm,          // in -> out (rows); writes_q8: also the pad40 plane of its decode/output rows
-  Quantize,         // the pad40 plane of `in`'s rows (its producer could not write it)
+  RmsNorm,          // in -> out (rows); writes_q8: also the q8 plane of its decode/output rows
+  Quantize,         // the q8 plane of `in`'s rows (its producer could not write it)
   DecodeMatmul,     // the decode matmul over decode or output rows: 1-3 segments
   PromptMatmul,     // the prompt GEMM over prompt rows: one segment
   Rope,             // in place on `out` (rows)

@@ -502,8 +502,8 @@ TEST(GpuBackend, CensusCountsTheDecodeKernels) {
   const std::string kernel = cuda::mma_min_rows() <= 1 ? "_mma" : "";
   EXPECT_EQ(by_name["matvec_qkv_rope_kv" + kernel], L);
   EXPECT_EQ(by_name["matvec_gate_up" + kernel], L);
-  EXPECT_EQ(by_name["rms_norm_quant_pad40"], 2 * L + 1);
-  EXPECT_EQ(by_name["quantize_pad40"], L);  // attn_out only: its producer is attention
+  EXPECT_EQ(by_name["rms_norm_quant_q8"], 2 * L + 1);
+  EXPECT_EQ(by_name["quantize_q8"], L);  // attn_out only: its producer is attention
   EXPECT_EQ(by_name["argmax"], 1);
   EXPECT_GT(launches, 0);
 }

@@ -26,15 +26,59 @@ std::vector<uint8_t> quantize_matrix(GgmlType t, const std::vector<float>& w, in
   return out;
 }
 
+// Row t of pad40 rows of `cols` columns (the CPU's form of the q8 activations).
+BlockQ8Pad40* pad40_row(std::vector<uint8_t>& rows, int t, int cols) {
+  return reinterpret_cast<BlockQ8Pad40*>(rows.data()) + size_t(t) * size_t(cols / 32);
+}
 std::vector<uint8_t> quantize_pad40_cpu(const std::vector<float>& x, int rows, int cols) {
-  std::vector<uint8_t> out(static_cast<size_t>(rows) * size_t(cuda::pad40_row_bytes(cols)));
+  std::vector<uint8_t> out(size_t(rows) * size_t(cols / 32) * sizeof(BlockQ8Pad40));
   for (int r = 0; r < rows; ++r)
-    quantize_row_pad40_grouped(x.data() + size_t(r) * cols,
-                       reinterpret_cast<BlockQ8Pad40*>(out.data() + size_t(r) * cuda::pad40_row_bytes(cols)), cols);
+    quantize_row_pad40_grouped(x.data() + size_t(r) * cols, pad40_row(out, r, cols), cols);
   return out;
 }
 
-TEST(GpuKernels, QuantizePad40IsBitwiseTheCpuRule) {
+// A q8 plane of `tokens` rows on the device, filled from pad40 rows quantized on the CPU (one scale
+// per group) or read back as pad40 rows: the host's reading of the plane's layout (cuda::Q8Plane).
+class DevicePlane {
+ public:
+  DevicePlane(int tokens, int cols)
+      : tokens_(tokens), cols_(cols), bytes_(size_t(cuda::q8_plane_bytes(tokens, cols))), buf_(bytes_),
+        plane(cuda::q8_plane(buf_.get(), tokens, cols)) {}
+  DevicePlane(std::vector<uint8_t> pad40_rows, int tokens, int cols) : DevicePlane(tokens, cols) {
+    std::vector<uint8_t> host(bytes_);
+    const cuda::Q8Plane h = cuda::q8_plane(host.data(), tokens, cols);
+    for (int t = 0; t < tokens; ++t)
+      for (int b = 0; b < cols / 32; ++b) {
+        const BlockQ8Pad40& blk = pad40_row(pad40_rows, t, cols)[b];
+        std::memcpy(h.block_quants(t, b), blk.qs, 32);
+        *h.sum(t, b) = blk.sum;
+        if (b % 8 == 0) *h.scale(t, b / 8) = blk.d;
+      }
+    buf_.upload(host);
+  }
+  std::vector<uint8_t> to_pad40() const {
+    std::vector<uint8_t> host = buf_.download(), rows(size_t(tokens_) * size_t(cols_ / 32) * sizeof(BlockQ8Pad40));
+    const cuda::Q8Plane h = cuda::q8_plane(host.data(), tokens_, cols_);
+    for (int t = 0; t < tokens_; ++t)
+      for (int b = 0; b < cols_ / 32; ++b) {
+        BlockQ8Pad40& blk = pad40_row(rows, t, cols_)[b];
+        blk.d = *h.scale(t, b / 8);
+        std::memcpy(blk.qs, h.block_quants(t, b), 32);
+        blk.sum = *h.sum(t, b);
+      }
+    return rows;
+  }
+
+ private:
+  int tokens_, cols_;
+  size_t bytes_;
+  DeviceBuffer<uint8_t> buf_;
+
+ public:
+  const cuda::Q8Plane plane;
+};
+
+TEST(GpuKernels, QuantizeQ8IsBitwiseTheCpuRule) {
   MINFER_REQUIRE_GPU();
   const int rows = 5, cols = 4096;
   std::vector<float> x = random_normal(static_cast<size_t>(rows) * cols, 3.0f, 1);
@@ -42,13 +86,12 @@ TEST(GpuKernels, QuantizePad40IsBitwiseTheCpuRule) {
   for (int i = 0; i < 32; ++i) x[size_t(128 + i)] = 0.5f * float(i - 16);  // exact .5 ties
   x[300] = 1e30f;
   DeviceBuffer<float> dx(x);
-  DeviceBuffer<uint8_t> dq(static_cast<size_t>(rows) * size_t(cuda::pad40_row_bytes(cols)));
-  cuda::launch_quantize_pad40(dx.get(), cols, dq.get(), rows, cols, nullptr);
-  const auto gpu = dq.download();
+  DevicePlane dq(rows, cols);
+  cuda::launch_quantize_q8(dx.get(), cols, dq.plane, rows, cols, nullptr);
+  const auto gpu = dq.to_pad40();
   const auto cpu = quantize_pad40_cpu(x, rows, cols);
   ASSERT_EQ(gpu.size(), cpu.size());
-  // the 2 pad bytes of each block are not part of the contract
-  for (size_t b = 0; b < gpu.size() / 40; ++b) {
+  for (size_t b = 0; b < gpu.size() / 40; ++b) {  // the pad bytes are not part of the plane
     const uint8_t* g = gpu.data() + 40 * b;
     const uint8_t* c = cpu.data() + 40 * b;
     ASSERT_EQ(std::memcmp(g, c, 2), 0) << "d of block " << b;
@@ -77,15 +120,14 @@ TEST(GpuKernels, RmsNormFusedQuantizeEqualsStandalone) {
     const auto x = random_normal(static_cast<size_t>(width), 2.0f, 2 + uint64_t(width));
     const auto w = random_normal(static_cast<size_t>(width), 1.0f, 3 + uint64_t(width));
     DeviceBuffer<float> dx(x), dw(w), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
-    DeviceBuffer<uint8_t> q_fused(static_cast<size_t>(cuda::pad40_row_bytes(width))),
-        q_plain(static_cast<size_t>(cuda::pad40_row_bytes(width)));
-    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.get(), 1, nullptr);
-    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_plain.get(), width, 1, width, 0, 1e-6f, nullptr, 0, nullptr);
-    cuda::launch_quantize_pad40(y_plain.get(), width, q_plain.get(), 1, width, nullptr);
+    DevicePlane q_fused(1, width), q_plain(1, width);
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.plane, 1, nullptr);
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_plain.get(), width, 1, width, 0, 1e-6f, {}, 0, nullptr);
+    cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, 1, width, nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0) << width;
-    ASSERT_TRUE(same_pad40(q_fused.download(), q_plain.download())) << width;
-    ASSERT_TRUE(same_pad40(q_fused.download(), quantize_pad40_cpu(yf, 1, width))) << width;
+    ASSERT_TRUE(same_pad40(q_fused.to_pad40(), q_plain.to_pad40())) << width;
+    ASSERT_TRUE(same_pad40(q_fused.to_pad40(), quantize_pad40_cpu(yf, 1, width))) << width;
     for (int i = 0; i < width; ++i)
       ASSERT_NEAR(yf[size_t(i)], rms_ref(x.data(), w.data(), width, i, 1e-6f), 1e-5 * (1 + std::fabs(yf[size_t(i)])));
   }
@@ -97,7 +139,7 @@ TEST(GpuKernels, RmsNormPerHeadGroups) {
   const auto x = random_normal(static_cast<size_t>(rows * width), 1.0f, 4);
   const auto w = random_normal(static_cast<size_t>(group), 1.0f, 5);
   DeviceBuffer<float> dx(x), dw(w), dy(static_cast<size_t>(rows * width));
-  cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, rows, width, group, 1e-5f, nullptr, 0, nullptr);
+  cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, rows, width, group, 1e-5f, {}, 0, nullptr);
   const auto y = dy.download();
   for (int r = 0; r < rows; ++r)
     for (int h = 0; h < width / group; ++h)
@@ -112,14 +154,13 @@ TEST(GpuKernels, SwigluFusedQuantizeEqualsStandalone) {
   for (int width : {4864, 18944, 13824}) {
     const auto g = random_normal(static_cast<size_t>(width), 2.0f, 6), u = random_normal(static_cast<size_t>(width), 1.0f, 7);
     DeviceBuffer<float> dg(g), du(u), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
-    DeviceBuffer<uint8_t> q_fused(static_cast<size_t>(cuda::pad40_row_bytes(width))),
-        q_plain(static_cast<size_t>(cuda::pad40_row_bytes(width)));
-    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), 1, width, q_fused.get(), 1, nullptr);
-    cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), 1, width, nullptr, 0, nullptr);
-    cuda::launch_quantize_pad40(y_plain.get(), width, q_plain.get(), 1, width, nullptr);
+    DevicePlane q_fused(1, width), q_plain(1, width);
+    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), 1, width, q_fused.plane, 1, nullptr);
+    cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), 1, width, {}, 0, nullptr);
+    cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, 1, width, nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0);
-    ASSERT_TRUE(same_pad40(q_fused.download(), q_plain.download()));
+    ASSERT_TRUE(same_pad40(q_fused.to_pad40(), q_plain.to_pad40()));
     for (int i = 0; i < width; ++i) {
       const double ref = double(g[size_t(i)]) / (1 + std::exp(-double(g[size_t(i)]))) * u[size_t(i)];
       ASSERT_NEAR(yf[size_t(i)], ref, 1e-5 * (1 + std::fabs(ref)));
@@ -141,19 +182,20 @@ Mv run_matvec(GgmlType t, int rows, int cols, int n_tokens, uint64_t salt) {
   const auto wf = random_normal(static_cast<size_t>(rows) * cols, 0.5f, salt);
   const auto x = random_normal(static_cast<size_t>(n_tokens) * cols, 1.0f, salt + 1);
   const auto wq = quantize_matrix(t, wf, rows, cols);
-  const auto xq = quantize_pad40_cpu(x, n_tokens, cols);
-  DeviceBuffer<uint8_t> dw(wq), dxq(xq);
+  auto xq = quantize_pad40_cpu(x, n_tokens, cols);
+  DeviceBuffer<uint8_t> dw(wq);
+  DevicePlane dxq(xq, n_tokens, cols);
   DeviceBuffer<float> dx(x), dout(static_cast<size_t>(n_tokens) * rows);
   cuda::MatSeg seg;
   seg.w = {t, rows, cols, dw.get()};
   seg.out = dout.get();
   seg.ld_out = rows;
-  cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(cols), dx.get(), cols, n_tokens, {}, nullptr);
+  cuda::launch_matvec(&seg, 1, dxq.plane, dx.get(), cols, n_tokens, {}, nullptr);
   Mv mv;
   mv.out = dout.download();
   std::vector<float> wrow(static_cast<size_t>(cols)), xd(static_cast<size_t>(cols));
   for (int tk = 0; tk < n_tokens; ++tk) {
-    const auto* xb = reinterpret_cast<const BlockQ8Pad40*>(xq.data() + size_t(tk) * cuda::pad40_row_bytes(cols));
+    const BlockQ8Pad40* xb = pad40_row(xq, tk, cols);
     dequantize_row_pad40(xb, xd.data(), cols);
     for (int r = 0; r < rows; ++r) {
       const uint8_t* wr = wq.data() + row_bytes(t, cols) * size_t(r);
@@ -204,18 +246,17 @@ TEST(GpuKernels, MatVecMultiTokenIsBitwiseThePerTokenResult) {
     const auto wf = random_normal(static_cast<size_t>(rows) * cols, 0.5f, 40);
     const auto x = random_normal(static_cast<size_t>(n) * cols, 1.0f, 41);
     const auto wq = quantize_matrix(t, wf, rows, cols);
-    const auto xq = quantize_pad40_cpu(x, n, cols);
-    DeviceBuffer<uint8_t> dw(wq), dxq(xq);
+    DeviceBuffer<uint8_t> dw(wq);
+    DevicePlane dxq(quantize_pad40_cpu(x, n, cols), n, cols);
     DeviceBuffer<float> dx(x), all(static_cast<size_t>(n) * rows), one(static_cast<size_t>(n) * rows);
     cuda::MatSeg seg;
     seg.w = {t, rows, cols, dw.get()};
     seg.out = all.get();
     seg.ld_out = rows;
-    cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(cols), dx.get(), cols, n, {}, nullptr);
+    cuda::launch_matvec(&seg, 1, dxq.plane, dx.get(), cols, n, {}, nullptr);
     for (int tk = 0; tk < n; ++tk) {
       seg.out = one.get() + size_t(tk) * rows;
-      cuda::launch_matvec(&seg, 1, dxq.get() + tk * cuda::pad40_row_bytes(cols), cuda::pad40_row_bytes(cols),
-                          dx.get() + size_t(tk) * cols, cols, 1, {}, nullptr);
+      cuda::launch_matvec(&seg, 1, dxq.plane.from_token(tk), dx.get() + size_t(tk) * cols, cols, 1, {}, nullptr);
     }
     const auto a = all.download(), b = one.download();
     ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << type_traits(t).name;
@@ -248,14 +289,14 @@ TEST(GpuKernels, MatVecIntegerDotIsExact) {
     std::vector<float> x(static_cast<size_t>(cols));
     for (int i = 0; i < cols; ++i) x[size_t(i)] = float(int(rng() % 5) - 2);
     for (int b = 0; b < cols / 32; ++b) x[size_t(32 * b + int(rng() % 32))] = (rng() & 1) ? 127.0f : -127.0f;
-    const auto xq = quantize_pad40_cpu(x, 1, cols);
-    DeviceBuffer<uint8_t> dw(w), dxq(xq);
+    DeviceBuffer<uint8_t> dw(w);
+    DevicePlane dxq(quantize_pad40_cpu(x, 1, cols), 1, cols);
     DeviceBuffer<float> dout(static_cast<size_t>(rows));
     cuda::MatSeg seg;
     seg.w = {t, rows, cols, dw.get()};
     seg.out = dout.get();
     seg.ld_out = rows;
-    cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(cols), nullptr, cols, 1, {}, nullptr);
+    cuda::launch_matvec(&seg, 1, dxq.plane, nullptr, cols, 1, {}, nullptr);
     const auto out = dout.download();
     std::vector<float> wr(static_cast<size_t>(cols));
     for (int r = 0; r < rows; ++r) {
@@ -305,7 +346,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
         bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
       }
       const auto x = random_normal(static_cast<size_t>(n) * dim, 1.0f, 90);
-      DeviceBuffer<uint8_t> xq(quantize_pad40_cpu(x, n, dim));
+      DevicePlane xq(quantize_pad40_cpu(x, n, dim), n, dim);
       std::vector<float> inv(static_cast<size_t>(hd / 2));
       for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e6, -2.0 * j / hd));
       DeviceBuffer<float> dinv(inv);
@@ -331,9 +372,9 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       }
       auto matmul = [&](const cuda::MatSeg* sg, int n_segs, const cuda::MatVecExtra& ex) {
         if (mma)
-          cuda::launch_matmul_mma(sg, n_segs, xq.get(), cuda::pad40_row_bytes(dim), n, ex, nullptr);
+          cuda::launch_matmul_mma(sg, n_segs, xq.plane, n, ex, nullptr);
         else
-          cuda::launch_matvec(sg, n_segs, xq.get(), cuda::pad40_row_bytes(dim), nullptr, dim, n, ex, nullptr);
+          cuda::launch_matvec(sg, n_segs, xq.plane, nullptr, dim, n, ex, nullptr);
       };
       matmul(segs, 3, extra);
       float* plain_outs[3] = {q2.get(), kf.get(), vf.get()};
@@ -372,15 +413,15 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     const auto x = random_normal(size_t(max_tokens) * sh.cols, 1.0f, 151);
     const auto bias = random_normal(size_t(sh.rows), 0.2f, 152);
     const auto residual = random_normal(size_t(max_tokens) * sh.rows, 1.0f, 153);
-    const auto xq = quantize_pad40_cpu(x, max_tokens, sh.cols);
+    auto xq = quantize_pad40_cpu(x, max_tokens, sh.cols);
     std::vector<float> want(size_t(max_tokens) * sh.rows);
     for (int t = 0; t < max_tokens; ++t)
       for (int r = 0; r < sh.rows; ++r) {
-        const auto* xb = reinterpret_cast<const BlockQ8Pad40*>(xq.data() + size_t(t) * cuda::pad40_row_bytes(sh.cols));
-        const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), xb, sh.cols);
+        const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), pad40_row(xq, t, sh.cols), sh.cols);
         want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
       }
-    DeviceBuffer<uint8_t> dw(wq), dxq(xq);
+    DeviceBuffer<uint8_t> dw(wq);
+    DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
     for (bool mma : {false, true})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 64, 70}) {
@@ -391,9 +432,9 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         seg.out = dout.get();
         seg.ld_out = sh.rows;
         if (mma)
-          cuda::launch_matmul_mma(&seg, 1, dxq.get(), cuda::pad40_row_bytes(sh.cols), n, {}, nullptr);
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, {}, nullptr);
         else
-          cuda::launch_matvec(&seg, 1, dxq.get(), cuda::pad40_row_bytes(sh.cols), nullptr, sh.cols, n, {}, nullptr);
+          cuda::launch_matvec(&seg, 1, dxq.plane, nullptr, sh.cols, n, {}, nullptr);
         const auto got = dout.download();
         for (size_t i = 0; i < size_t(n) * sh.rows; ++i)
           ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << (mma ? " mma" : " matvec")

@@ -67,7 +67,7 @@ struct CudaBackend::Impl {
   int n_blocks = 0, block_size = 0, max_tokens = 0, decode_splits = 1;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
-  DeviceArray<uint8_t> q8;     // pad40 activation plane
+  DeviceArray<uint8_t> q8;     // the q8 activation plane's buffer (q8_plane)
   DeviceArray<uint16_t> bf16;  // prompt GEMM activation plane
   DeviceArray<float> attn_part, gemm_workspace;
   DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
@@ -137,7 +137,7 @@ struct CudaBackend::Impl {
       max_width = std::max(max_width, width(s));
     }
     floats += attention_workspace_floats(tokens, hp.n_head, hp.head_dim, splits_for_decode());
-    return floats * 4 + tokens * pad40_row_bytes(max_width) + int64_t(tokens) * max_width * 2 +
+    return floats * 4 + q8_plane_bytes(tokens, int(max_width)) + int64_t(tokens) * max_width * 2 +
            gemm_workspace_needed(tokens) + int64_t(tokens) * 64;
   }
 
@@ -162,7 +162,7 @@ struct CudaBackend::Impl {
       slots[size_t(s)] = DeviceArray<float>(size_t(max_tokens) * size_t(width(s)));
       max_width = std::max(max_width, width(s));
     }
-    q8 = DeviceArray<uint8_t>(size_t(max_tokens) * size_t(pad40_row_bytes(max_width)));
+    q8 = DeviceArray<uint8_t>(size_t(q8_plane_bytes(max_tokens, int(max_width))));
     bf16 = DeviceArray<uint16_t>(size_t(max_tokens) * size_t(max_width));
     decode_splits = splits_for_decode();
     attn_part = DeviceArray<float>(size_t(attention_workspace_floats(max_tokens, hp.n_head, hp.head_dim, decode_splits)));
@@ -358,6 +358,9 @@ struct CudaBackend::Impl {
     return {0, 0};
   }
 
+  // The q8 plane of rows `width` wide (every producer and consumer of a width carves it alike).
+  Q8Plane plane(int64_t width) const { return q8_plane(q8.get(), max_tokens, int(width)); }
+
   bool use_mma(const Launch& l, int rows) const {
     if (rows < mma_min_rows()) return false;
     for (int s = 0; s < l.n_segs; ++s)
@@ -377,10 +380,10 @@ struct CudaBackend::Impl {
         return;
       case LaunchKind::RmsNorm:
         launch_rms_norm(slot(l.in), int(w_in), weights.vec(node.weight), slot(l.out), int(w_out), count, int(w_out),
-                        node.group, hp.rms_eps, l.writes_q8 ? q8.get() : nullptr, geo.decode, s);
+                        node.group, hp.rms_eps, plane(w_out), l.writes_q8 ? geo.decode : 0, s);
         return;
       case LaunchKind::Quantize:
-        launch_quantize_pad40(slot(l.in), int(w_in), q8.get(), count, int(w_in), s);
+        launch_quantize_q8(slot(l.in), int(w_in), plane(w_in), count, int(w_in), s);
         return;
       case LaunchKind::DecodeMatmul:
         decode_matmul(l, geo, count, s);
@@ -423,8 +426,8 @@ struct CudaBackend::Impl {
         }
         return;
       case LaunchKind::SwiGLU:
-        launch_swiglu(slot(l.in), slot(l.in2), slot(l.out), count, int(w_out), l.writes_q8 ? q8.get() : nullptr,
-                      geo.decode, s);
+        launch_swiglu(slot(l.in), slot(l.in2), slot(l.out), count, int(w_out), plane(w_out),
+                      l.writes_q8 ? geo.decode : 0, s);
         return;
       case LaunchKind::Add:
         launch_add(slot(l.in), slot(l.in2), slot(l.out), int64_t(count) * w_out, s);
@@ -473,11 +476,10 @@ struct CudaBackend::Impl {
     extra.slots = d_slots();
     extra.kv = kv_layer(graph.nodes[size_t(l.node)].layer >= 0 ? graph.nodes[size_t(l.node)].layer : 0);
     const int64_t w_in = width(l.in);
-    const int64_t stride = pad40_row_bytes(w_in);
     if (use_mma(l, count))
-      launch_matmul_mma(segs, l.n_segs, q8.get(), stride, count, extra, s);
+      launch_matmul_mma(segs, l.n_segs, plane(w_in), count, extra, s);
     else
-      launch_matvec(segs, l.n_segs, q8.get(), stride, slot(l.in), int(w_in), count, extra, s);
+      launch_matvec(segs, l.n_segs, plane(w_in), slot(l.in), int(w_in), count, extra, s);
     (void)geo;
   }
 
@@ -511,9 +513,8 @@ struct CudaBackend::Impl {
       return;
     }
     // Weight types without a GEMM: the decode matmul over the prompt rows (their own plane rows).
-    const int64_t stride = pad40_row_bytes(w_in);
-    uint8_t* plane = q8.get() + size_t(row0) * size_t(stride);
-    if (type_traits(m.type).quantized) launch_quantize_pad40(x, int(w_in), plane, count, int(w_in), s);
+    const Q8Plane rows = plane(w_in).from_token(row0);
+    if (type_traits(m.type).quantized) launch_quantize_q8(x, int(w_in), rows, count, int(w_in), s);
     MatSeg seg;
     seg.w = m;
     seg.bias = weights.vec(n.bias);
@@ -523,7 +524,7 @@ struct CudaBackend::Impl {
     MatVecExtra extra;
     extra.positions = d_positions() + row0;
     extra.slots = d_slots() + row0;
-    launch_matvec(&seg, 1, plane, stride, x, int(w_in), count, extra, s);
+    launch_matvec(&seg, 1, rows, x, int(w_in), count, extra, s);
     (void)geo;
   }
 };

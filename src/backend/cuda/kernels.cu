@@ -26,7 +26,7 @@ bool cuda_supports_weight_type(GgmlType t) {
   }
 }
 
-// ---- rms_norm (+ fused pad40 epilogue) ----------------------------------------------------------
+// ---- rms_norm (+ fused q8 epilogue) ----------------------------------------------------------
 constexpr int kNormThreads = 512;
 
 __device__ __forceinline__ float block_sum(float v, float* red) {
@@ -48,7 +48,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 // One block per normalised row (a token row, or one head when group > 0).
 __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                 float* __restrict__ out, int ld_out, int width, int group,
-                                float eps, uint8_t* __restrict__ q8, int q8_rows) {
+                                float eps, const Q8Plane q8, int q8_rows) {
   __shared__ float red[32];
   const int per_row = width / group;
   const int row = blockIdx.x / per_row, part = blockIdx.x % per_row;
@@ -59,26 +59,25 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
   ss = block_sum(ss, red);
   const float scale = rsqrtf(ss / float(group) + eps);
   for (int i = threadIdx.x; i < group; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
-  if (q8 == nullptr || row >= q8_rows) return;  // uniform over the block: no thread waits below
+  if (row >= q8_rows) return;  // uniform over the block: no thread waits below
   // Epilogue: the whole row is written (barrier), each thread re-reads its blocks L1-hot.
   __syncthreads();
-  uint8_t* qr = q8 + size_t(row) * pad40_row_bytes(width);
   const int n_blocks = width / 32;
   for (int b0 = 0; b0 < n_blocks; b0 += blockDim.x) {  // every lane of every warp: groups shuffle
     const int b = b0 + int(threadIdx.x);
-    quantize_pad40_group_member(yr + 32 * b, qr + size_t(b) * kPad40Bytes, b < n_blocks);
+    quantize_q8_group_member(yr + 32 * b, q8, row, b, b < n_blocks);
   }
 }
 
 // Whole rows in blocks of 32: thread b owns elements 32b .. 32b + 31 of its block's row in
-// registers, from the load to the pad40 epilogue (no second pass over the row). One pass of
+// registers, from the load to the q8 epilogue (no second pass over the row). One pass of
 // loads, one reduction, one pass of stores: the row's latency is paid once.
 // REQUIRES: blockDim.x = width / 32 rounded up to a warp (<= 1024); x, out, w 16-byte aligned
 // with ld_x, ld_out multiples of 4. Threads past the row take part in the reduction and the
 // group shuffles with zeros.
 __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                      float* __restrict__ out, int ld_out, int width, float eps,
-                                     uint8_t* __restrict__ q8, int q8_rows) {
+                                     const Q8Plane q8, int q8_rows) {
   __shared__ float red[32];
   const int row = blockIdx.x, b = threadIdx.x;
   const bool valid = b < width / 32;
@@ -103,14 +102,15 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
       reinterpret_cast<float4*>(out + size_t(row) * ld_out + 32 * b)[i] = v[i];
     }
   }
-  if (q8 == nullptr || row >= q8_rows) return;  // uniform over the block
-  quantize_pad40_group_values(v, q8 + size_t(row) * pad40_row_bytes(width) + size_t(b) * kPad40Bytes, valid);
+  if (row >= q8_rows) return;  // uniform over the block
+  quantize_q8_group_values(v, q8, row, b, valid);
 }
 
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
-                     int width, int group, float eps, uint8_t* q8, int q8_rows, cudaStream_t s) {
+                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, cudaStream_t s) {
   if (group <= 0) group = width;
-  if (q8 && (group != width || width % 32 != 0)) fail("rms_norm: fused quantize needs whole rows");
+  if (q8_rows > 0 && (group != width || width % 32 != 0 || q8.n_blocks != width / 32))
+    fail("rms_norm: fused quantize needs whole rows of the plane's width");
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (group == width && width % 32 == 0 && width <= 32 * 1024 && ld_x % 4 == 0 && ld_out % 4 == 0 &&
       aligned(x) && aligned(out) && aligned(w)) {
@@ -124,26 +124,26 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
   check_launch("rms_norm");
 }
 
-// ---- swiglu (+ fused pad40 epilogue) ------------------------------------------------------------
-// REQUIRES 256 threads: block (bx, row) writes elements [256 bx, 256 bx + 256) of its row = pad40
+// ---- swiglu (+ fused q8 epilogue) ------------------------------------------------------------
+// REQUIRES 256 threads: block (bx, row) writes elements [256 bx, 256 bx + 256) of its row = q8
 // group bx (blocks 8 bx .. 8 bx + 7), which the first 8 lanes of warp 0 quantize after the barrier.
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
-                              float* __restrict__ out, int width, uint8_t* __restrict__ q8, int q8_rows) {
+                              float* __restrict__ out, int width, const Q8Plane q8, int q8_rows) {
   const int row = blockIdx.y;
   const int i = blockIdx.x * 256 + threadIdx.x;
   float* yr = out + size_t(row) * width;
   if (i < width) yr[i] = silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]);
-  if (q8 == nullptr || row >= q8_rows) return;  // uniform over the block
+  if (row >= q8_rows) return;  // uniform over the block
   __syncthreads();
   if (threadIdx.x >= 32) return;  // warp 0 quantizes (whole warps leave: no barrier follows)
   const int b = blockIdx.x * 8 + threadIdx.x;
-  quantize_pad40_group_member(yr + 32 * b, q8 + size_t(row) * pad40_row_bytes(width) + size_t(b) * kPad40Bytes,
-                              threadIdx.x < 8 && b < width / 32);
+  quantize_q8_group_member(yr + 32 * b, q8, row, b, threadIdx.x < 8 && b < width / 32);
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   uint8_t* q8, int q8_rows, cudaStream_t s) {
-  if (q8 && width % 32 != 0) fail("swiglu: fused quantize needs width % 32 == 0");
+                   const Q8Plane& q8, int q8_rows, cudaStream_t s) {
+  if (q8_rows > 0 && (width % 32 != 0 || q8.n_blocks != width / 32))
+    fail("swiglu: fused quantize needs width % 32 == 0 and a plane of that width");
   swiglu_kernel<<<dim3((width + 255) / 256, n_rows), 256, 0, s>>>(gate, up, out, width, q8, q8_rows);
   check_launch("swiglu");
 }
@@ -159,23 +159,47 @@ void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStrea
 }
 
 // ---- standalone quantize: 8 threads per 256-column group, one per 32-block -----------------------
-__global__ void quantize_pad40_kernel(const float* __restrict__ x, int ld_x, uint8_t* __restrict__ q8,
-                                      int n_rows, int width) {
+__global__ void quantize_q8_kernel(const float* __restrict__ x, int ld_x, const Q8Plane q8, int n_rows,
+                                   int width) {
   const int n_blocks = width / 32, n_groups = (n_blocks + 7) / 8;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t group = i / 8;  // no early exit: the group's lanes shuffle
   const int row = int(group / n_groups), b = int(group % n_groups) * 8 + int(i % 8);
   const bool valid = row < n_rows && b < n_blocks;
-  quantize_pad40_group_member(x + size_t(row) * ld_x + 32 * size_t(b),
-                              q8 + (size_t(row) * n_blocks + size_t(b)) * kPad40Bytes, valid);
+  quantize_q8_group_member(x + size_t(row) * ld_x + 32 * size_t(b), q8, row, b, valid);
 }
 
-void launch_quantize_pad40(const float* x, int ld_x, uint8_t* q8, int n_rows, int width,
-                           cudaStream_t s) {
-  if (width % 32 != 0) fail("quantize_pad40: width ", width, " is not a multiple of 32");
+void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, cudaStream_t s) {
+  if (width % 32 != 0) fail("quantize_q8: width ", width, " is not a multiple of 32");
+  if (q8.n_blocks != width / 32) fail("quantize_q8: a plane of ", 32 * q8.n_blocks, " columns for rows of ", width);
   const int64_t n = int64_t(n_rows) * ((width / 32 + 7) / 8) * 8;
-  quantize_pad40_kernel<<<unsigned((n + 127) / 128), 128, 0, s>>>(x, ld_x, q8, n_rows, width);
-  check_launch("quantize_pad40");
+  quantize_q8_kernel<<<unsigned((n + 127) / 128), 128, 0, s>>>(x, ld_x, q8, n_rows, width);
+  check_launch("quantize_q8");
+}
+
+// The byte extents of the plane's three arrays (each rounded up to 256 bytes).
+struct Q8PlaneExtents {
+  int64_t quants, scales, sums;
+};
+static Q8PlaneExtents q8_plane_extents(int tokens, int width) {
+  const int64_t t = (int64_t(tokens) + 7) / 8 * 8, blocks = width / 32, groups = (blocks + 7) / 8;
+  const auto up256 = [](int64_t n) { return (n + 255) / 256 * 256; };
+  return {up256(t * blocks * 32), up256(t * groups * 2), up256(t * blocks * 4)};
+}
+
+int64_t q8_plane_bytes(int tokens, int width) {
+  const Q8PlaneExtents e = q8_plane_extents(tokens, width);
+  return e.quants + e.scales + e.sums;
+}
+
+Q8Plane q8_plane(uint8_t* buffer, int tokens, int width) {
+  const Q8PlaneExtents e = q8_plane_extents(tokens, width);
+  Q8Plane p;
+  p.n_blocks = width / 32;
+  p.quants = buffer;
+  p.scales = reinterpret_cast<uint16_t*>(buffer + e.quants);
+  p.sums = reinterpret_cast<int32_t*>(buffer + e.quants + e.scales);
+  return p;
 }
 
 // ---- dequantize (embedding rows) -------------------------------------------------------------
@@ -372,8 +396,7 @@ struct MatVecArgs {
   MatSeg seg[kMaxMatSegs];
   int first_block[kMaxMatSegs + 1];
   int n_segs;
-  const uint8_t* act_q8;
-  int64_t act_q8_stride;
+  Q8Plane act_q8;
   const float* act_f32;
   int act_f32_stride;
   int n_tokens;
@@ -391,9 +414,8 @@ __device__ __forceinline__ int units_per_row(int cols) {
 // Rows r0 and r1 (when valid) against NT token rows in the canonical order: lane quad s sums the
 // groups of stream s (acc), one group per loop iteration; the caller reduces the streams.
 template <typename Unit, int NT>
-__device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, bool has_r1,
-                                            const uint8_t* act, int64_t act_stride, int nt,
-                                            float (&acc)[2][NT]) {
+__device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, bool has_r1, const Q8Plane& act,
+                                            int nt, float (&acc)[2][NT]) {
   const int n_units = units_per_row<Unit>(m.cols);
   const int lane = threadIdx.x % 32;
   // warp-uniform trip count: the group combine below shuffles across lanes
@@ -410,7 +432,7 @@ __device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, boo
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       if (t >= nt) continue;
-      const uint8_t* act_t = act + t * act_stride;
+      const ActRow act_t{act, t};
       if constexpr (Unit::kIntegerGroups) {
         GroupSums v[2] = {w0.group_sums(act_t, u, valid), GroupSums{}};
         if (has_r1) v[1] = w1.group_sums(act_t, u, valid);
@@ -483,14 +505,14 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
   const int nt = a.n_tokens;
   bool streams = true;  // acc holds the lane quad's stream (canonical order); else lane partials
   switch (m.type) {
-    case GgmlType::Q4_K: pair_dot_q8<UnitQK45<false>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q5_K: pair_dot_q8<UnitQK45<true>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q6_K: pair_dot_q8<UnitQ6K, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q8_0: pair_dot_q8<Unit32Pair<GgmlType::Q8_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q4_0: pair_dot_q8<Unit32Pair<GgmlType::Q4_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q4_1: pair_dot_q8<Unit32Pair<GgmlType::Q4_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q5_0: pair_dot_q8<Unit32Pair<GgmlType::Q5_0>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
-    case GgmlType::Q5_1: pair_dot_q8<Unit32Pair<GgmlType::Q5_1>, NT>(m, r0, r1, has_r1, a.act_q8, a.act_q8_stride, nt, acc); break;
+    case GgmlType::Q4_K: pair_dot_q8<UnitQK45<false>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q5_K: pair_dot_q8<UnitQK45<true>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q6_K: pair_dot_q8<UnitQ6K, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q8_0: pair_dot_q8<Unit32Pair<GgmlType::Q8_0>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q4_0: pair_dot_q8<Unit32Pair<GgmlType::Q4_0>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q4_1: pair_dot_q8<Unit32Pair<GgmlType::Q4_1>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q5_0: pair_dot_q8<Unit32Pair<GgmlType::Q5_0>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q5_1: pair_dot_q8<Unit32Pair<GgmlType::Q5_1>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
     case GgmlType::F32: streams = false; pair_dot_f32<GgmlType::F32, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
     case GgmlType::F16: streams = false; pair_dot_f32<GgmlType::F16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
     case GgmlType::BF16: streams = false; pair_dot_f32<GgmlType::BF16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
@@ -511,9 +533,8 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
     if (t < nt && lane == t) store_pair(seg, a.extra, t, r0, r1, j, has_r1, acc[0][t], acc[1][t]);
 }
 
-void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
-                   const float* act_f32, int act_f32_stride, int n_tokens,
-                   const MatVecExtra& extra, cudaStream_t s) {
+void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
+                   int n_tokens, const MatVecExtra& extra, cudaStream_t s) {
   if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matvec: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
   for (int t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
     const int nt = n_tokens - t0 < kMaxTokens ? n_tokens - t0 : kMaxTokens;
@@ -529,8 +550,7 @@ void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_
       blocks += (pairs + kMvWarps - 1) / kMvWarps;
     }
     a.first_block[n_segs] = blocks;
-    a.act_q8 = act_q8 ? act_q8 + t0 * act_q8_stride : nullptr;
-    a.act_q8_stride = act_q8_stride;
+    a.act_q8 = act_q8.from_token(t0);
     a.act_f32 = act_f32 ? act_f32 + size_t(t0) * act_f32_stride : nullptr;
     a.act_f32_stride = act_f32_stride;
     a.n_tokens = nt;

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "quant/types.h"
@@ -20,22 +21,53 @@ struct DevMat {
 };
 bool cuda_supports_weight_type(GgmlType t);
 
-constexpr int kPad40Bytes = 40;  // bytes per 32-element pad40 activation block
-constexpr int64_t pad40_row_bytes(int64_t n) { return n / 32 * kPad40Bytes; }
+// The decode activation plane: rows of f32 activations quantized to int8 with one f16 scale per
+// 256 columns (the numbers of quantize_row_pad40_grouped, quant/quant.h), stored as three arrays
+// so that the tensor-core matmul reads a B fragment (8 tokens x 32 columns) as one contiguous,
+// 8-byte-aligned run of 256 bytes:
+//   quants  of token t, 32-column block b: 32 int8 at ((t / 8) * n_blocks + b) * 256 + (t % 8) * 32
+//   scales  of token t, 256-column group g: f16 at [t * n_groups + g]
+//   sums    of the 32 quants of (t, b): int32 at [t * n_blocks + b] (the k-quant min terms of the
+//           warp-per-row kernel)
+// A view may start at token token0 of its plane (the warp-per-row kernel's launches of 8 tokens,
+// the prompt rows of a matmul without a GEMM).
+struct Q8Plane {
+  uint8_t* quants = nullptr;
+  uint16_t* scales = nullptr;
+  int32_t* sums = nullptr;
+  int n_blocks = 0;
+  int token0 = 0;
+
+  constexpr int n_groups() const { return (n_blocks + 7) / 8; }
+  constexpr uint8_t* block_quants(int t, int b) const {
+    t += token0;
+    return quants + (size_t(t / 8) * size_t(n_blocks) + size_t(b)) * 256 + size_t(t % 8) * 32;
+  }
+  constexpr uint16_t* scale(int t, int g) const { return scales + size_t(t + token0) * size_t(n_groups()) + size_t(g); }
+  constexpr int32_t* sum(int t, int b) const { return sums + size_t(t + token0) * size_t(n_blocks) + size_t(b); }
+  constexpr Q8Plane from_token(int t) const {
+    Q8Plane v = *this;
+    v.token0 += t;
+    return v;
+  }
+};
+// Bytes of a plane of `tokens` rows of `width` columns (tokens rounded up to whole tiles of 8), and
+// the plane carved from such a buffer (256-byte aligned).
+int64_t q8_plane_bytes(int tokens, int width);
+Q8Plane q8_plane(uint8_t* buffer, int tokens, int width);
 
 // ---- elementwise / norm ------------------------------------------------------------------------
 // rows of width `width` (x rows ld_x floats apart); group > 0 normalises each group separately.
-// q8 != nullptr: also writes the pad40 plane of the first q8_rows output rows (the producer-fused
-// A-quantize; needs group == 0 and width % 32 == 0).
+// q8_rows > 0: also writes the first q8_rows output rows to the q8 plane (the producer-fused
+// A-quantize; needs group == 0 and width % 32 == 0; q8.n_blocks == width / 32).
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
-                     int width, int group, float eps, uint8_t* q8, int q8_rows, cudaStream_t s);
+                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, cudaStream_t s);
 // out = silu(gate) * up over n_rows x width (row-contiguous); q8 as for rms_norm.
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   uint8_t* q8, int q8_rows, cudaStream_t s);
+                   const Q8Plane& q8, int q8_rows, cudaStream_t s);
 void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
-// The standalone quantize: n_rows rows of width floats (ld_x apart) to pad40 rows.
-void launch_quantize_pad40(const float* x, int ld_x, uint8_t* q8, int n_rows, int width,
-                           cudaStream_t s);
+// The standalone quantize: n_rows rows of width floats (ld_x apart) to tokens 0.. of the q8 plane.
+void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, cudaStream_t s);
 // out[t] = row tokens[t] of the embedding matrix, dequantized to f32.
 void launch_embed(const DevMat& emb, const int32_t* tokens, float* out, int n_tokens,
                   cudaStream_t s);
@@ -67,7 +99,7 @@ struct KvLayer {
 void launch_kv_append(const float* k, const float* v, int n_tokens, const KvLayer& kv,
                       const int32_t* slots, cudaStream_t s);
 
-// ---- the decode matmul: y = W x for tokens whose activations are pad40 rows -----------------------
+// ---- the decode matmul: y = W x for tokens whose activations are q8 plane rows ---------------------
 // What a segment's epilogue does with each row pair after bias and residual.
 enum class Epilogue : int {
   Store,     // out[t][r] = v
@@ -94,19 +126,19 @@ struct MatVecExtra {
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",
 // quant/canonical_dot.h, docs/10-batching.md): one float term per 256-column group (formed from
-// exact integer sums, which needs the pad40 plane's one scale per group); groups g go to stream
+// exact integer sums, which needs the q8 plane's one scale per group); groups g go to stream
 // g % 8, each stream summed in order; a tree over the 8 streams; + bias; + residual. Both kernels
 // below follow it, so for these types they give the same bits for any token count.
 bool matmul_mma_supports(GgmlType t);
 // Warp-per-row-pair kernel (dp4a): up to kMaxMatSegs weight matrices in one launch (q/k/v, gate/up),
-// tokens in launches of 8. Activations: pad40 rows (act_q8_stride bytes apart) for quantized
-// weights, f32 rows for float weights (their own fixed order).
-void launch_matvec(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
-                   const float* act_f32, int act_f32_stride, int n_tokens,
-                   const MatVecExtra& extra, cudaStream_t s);
+// tokens in launches of 8. Activations: the q8 plane's tokens 0..n_tokens-1 for quantized weights,
+// f32 rows for float weights (their own fixed order).
+void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
+                   int n_tokens, const MatVecExtra& extra, cudaStream_t s);
 // Tensor-core kernel (int8 mma): same segments and epilogues, every type matmul_mma_supports.
-void launch_matmul_mma(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
-                       int n_tokens, const MatVecExtra& extra, cudaStream_t s);
+// REQUIRES act_q8.token0 % 8 == 0 (its fragments are the plane's tiles).
+void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                       cudaStream_t s);
 
 // ---- decode attention over the paged cache ------------------------------------------------------
 struct AttnParams {

@@ -2,7 +2,8 @@
 // 16-element scale halves of q6_K, m16n8k16; s8 x s8 -> s32).
 //
 // A CTA of 8 warps owns a tile of 16 weight rows (one m16 fragment) and up to 32 tokens (NTF <= 4
-// n8 fragments). Warp w sums stream w of the canonical order (quant/canonical_dot.h): the 256-column
+// n8 fragments = tiles of the q8 plane, whose layout makes each B fragment one contiguous 256-byte
+// run: a thread's 8 bytes are one aligned load). Warp w sums stream w of the canonical order (quant/canonical_dot.h): the 256-column
 // groups g = w, w + 8, ... in order, the next group's weight lines prefetched to L2 while this one
 // is multiplied. A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
 // kernel's registers are what its type needs.
@@ -39,8 +40,7 @@ struct MmaArgs {
   MatSeg seg[kMaxMatSegs];
   int first_block[kMaxMatSegs + 1];
   int n_segs;
-  const uint8_t* act;
-  int64_t act_stride;
+  Q8Plane act;
   int n_tokens;
   MatVecExtra extra;
 };
@@ -57,10 +57,16 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, u
                : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// The two B registers of one token's sub-block. Volatile so the compiler keeps the loads where the
-// driver issues them (just before their sub-block) instead of hoisting every load of the group:
-// the registers that takes spill, and spills cost more than the latency hidden (measured: loading
-// one sub-block ahead, with spills, was 4 % slower at 32 and 64 sequences).
+// The two B registers of one token's sub-block: 8 contiguous bytes, or two words (k16 halves).
+// Volatile so the compiler keeps the loads where the driver issues them (just before their
+// sub-block) instead of hoisting every load of the group: the registers that takes spill, and
+// spills cost more than the latency hidden (measured: loading one sub-block ahead, with spills,
+// was 4 % slower at 32 and 64 sequences).
+__device__ __forceinline__ uint2 ldg_b_run(const uint8_t* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
 __device__ __forceinline__ uint2 ldg_b_pair(const uint8_t* p0, const uint8_t* p1) {
   uint2 v;
   asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v.x) : "l"(p0));
@@ -77,18 +83,21 @@ __device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
 }
 
 // ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----
-// load() reads the group's bytes; b_operand() loads a token's B registers of one sub-block;
-// multiply(j, b, ...) multiplies sub-block j (pad40 block blk = 8g + j) with every token
+// load() reads the group's bytes; b_operand(q, tid) loads a token's B registers of one sub-block
+// from its 32 quants q; multiply(j, b, ...) multiplies sub-block j (plane block blk = 8g + j) with every token
 // fragment (b[nf]: column gid of fragment nf) into the per-fragment state Part; finish() turns a
 // Part into the 4 terms of the thread's C fragment (element e: row R[e / 2], token 2 tid + e % 2),
 // da[e % 2] being the group scales of the thread's two tokens.
 
-// The CTA's token rows; tokens past the end read the last one (their results are dropped).
+// The CTA's tokens first .. first + 8 NTF - 1 of the plane (first % 8 == 0). Tokens past the last
+// read the last one's scales and fragments past the last tile the last tile (their results are
+// dropped); the tail of the last tile holds whatever the plane held (finite int8, dropped too).
 struct Tokens {
-  const uint8_t* act;
-  int64_t stride;
+  Q8Plane plane;
   int first, last;
-  __device__ const uint8_t* row(int t) const { return act + size_t(min(first + t, last)) * stride; }
+  __device__ float scale(int t, int g) const { return h2f(*plane.scale(min(first + t, last), g)); }
+  // Block 0 of token fragment nf (8 tokens x 32 quants).
+  __device__ const uint8_t* fragment(int nf) const { return plane.block_quants(min(first + 8 * nf, last & ~7), 0); }
 };
 
 template <bool Q5>
@@ -120,7 +129,7 @@ struct GroupQK45 {
     if (Q5) v |= ((high >> j) & 0x01010101u) << 4;
     return v;
   }
-  __device__ static uint2 b_operand(const uint8_t* blk, int tid) { return ldg_b_pair(blk + 4 + 8 * tid, blk + 8 + 8 * tid); }
+  __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_run(q + 8 * tid); }
   template <int NTF>
   __device__ void multiply(int j, const uint2 (&b)[NTF], int, const Tokens&, int, Part (&part)[NTF]) const {
     const int p = j / 2;
@@ -185,7 +194,7 @@ struct GroupQ6K {
     const uint32_t q = ((low >> (4 * (kq >> 1))) & 0x0F0F0F0Fu) | (((high >> (2 * kq)) & 0x03030303u) << 4);
     return __vsub4(q, 0x20202020u);
   }
-  __device__ static uint2 b_operand(const uint8_t* blk, int tid) { return ldg_b_pair(blk + 4 + 4 * tid, blk + 20 + 4 * tid); }
+  __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_pair(q + 4 * tid, q + 16 + 4 * tid); }
   template <int NTF>
   __device__ void multiply(int j, const uint2 (&b)[NTF], int, const Tokens&, int, Part (&part)[NTF]) const {
     const int hh = j / 4, kq = j % 4;
@@ -243,7 +252,7 @@ struct GroupQ8 {
         }
       }
   }
-  __device__ static uint2 b_operand(const uint8_t* blk, int tid) { return ldg_b_pair(blk + 4 + 8 * tid, blk + 8 + 8 * tid); }
+  __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_run(q + 8 * tid); }
   template <int NTF>
   __device__ void multiply(int j, const uint2 (&b)[NTF], int blk, const Tokens& tok, int tid, Part (&part)[NTF]) const {
     const uint32_t a[4] = {q[0][j][0], q[1][j][0], q[0][j][1], q[1][j][1]};
@@ -253,8 +262,7 @@ struct GroupQ8 {
       if (j < n_in_row) {
         int c[4] = {0, 0, 0, 0};
         mma_k32(c, a, b[nf].x, b[nf].y);
-        const float da0 = ActQ8{tok.row(8 * nf + 2 * tid) + blk * kPad40Bytes}.d();
-        const float da1 = ActQ8{tok.row(8 * nf + 2 * tid + 1) + blk * kPad40Bytes}.d();
+        const float da0 = tok.scale(8 * nf + 2 * tid, blk / 8), da1 = tok.scale(8 * nf + 2 * tid + 1, blk / 8);
 #pragma unroll
         for (int e = 0; e < 4; ++e) t[e] = term_q8_0(d[e / 2][j], c[e], e % 2 ? da1 : da0);
       }
@@ -306,9 +314,10 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     bool ok;
     tile_row(seg, a.extra, tile, gid + 8 * r, R[r], j, ok);
   }
-  uint32_t brow_off[NTF];  // byte offsets of the B operands' token rows (32 bits: fewer registers)
+  // byte offsets of the thread's B token in block 0 of each fragment (32 bits: fewer registers)
+  uint32_t b_off[NTF];
 #pragma unroll
-  for (int nf = 0; nf < NTF; ++nf) brow_off[nf] = uint32_t(tok.row(8 * nf + gid) - tok.act);
+  for (int nf = 0; nf < NTF; ++nf) b_off[nf] = uint32_t(tok.fragment(nf) - tok.plane.quants) + 32 * gid;
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
   for (int g = warp; g < n_groups; g += kWarps) {
@@ -326,12 +335,12 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
       uint2 b[NTF];
 #pragma unroll
       for (int nf = 0; nf < NTF; ++nf)  // a q8_0 row's short last group reads its last block again (unused)
-        b[nf] = Group::b_operand(tok.act + brow_off[nf] + uint32_t(min(8 * g + j, n_blocks - 1)) * kPad40Bytes, tid);
+        b[nf] = Group::b_operand(tok.plane.quants + b_off[nf] + uint32_t(min(8 * g + j, n_blocks - 1)) * 256, tid);
       grp.multiply(j, b, 8 * g + j, tok, tid, part);
     }
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
-      const float da[2] = {act_group_scale(tok.row(8 * nf + 2 * tid), g), act_group_scale(tok.row(8 * nf + 2 * tid + 1), g)};
+      const float da[2] = {tok.scale(8 * nf + 2 * tid, g), tok.scale(8 * nf + 2 * tid + 1, g)};
       float t[4];
       grp.finish(part[nf], da, t);
 #pragma unroll
@@ -345,7 +354,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
 // REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' row tiles (first_block) times
 // ceil(n_tokens / (8 NTF)) token tiles; every segment of a.seg has Group's type. Every thread
 // reaches the barrier: rows and tokens past the end are computed on clamped indices and dropped at
-// the store.
+// the store. a.act.token0 % 8 == 0, and the plane's quants span < 4 GiB (32-bit offsets).
 template <typename Group, int NTF>
 __global__ void __launch_bounds__(kThreads, NTF == 1 ? 3 : 2) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
   // The token tiles of one row tile are neighbours in the grid, so its weights come from L2 after
@@ -356,7 +365,7 @@ __global__ void __launch_bounds__(kThreads, NTF == 1 ? 3 : 2) matmul_mma_kernel(
   while (si + 1 < a.n_segs && row_tile >= a.first_block[si + 1]) ++si;
   const MatSeg& seg = a.seg[si];
   const int tile = row_tile - a.first_block[si];
-  const Tokens tok{a.act, a.act_stride, int(blockIdx.x) % n_token_tiles * 8 * NTF, a.n_tokens - 1};
+  const Tokens tok{a.act, int(blockIdx.x) % n_token_tiles * 8 * NTF, a.n_tokens - 1};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
 
   float acc[NTF][4];
@@ -411,9 +420,10 @@ bool matmul_mma_supports(GgmlType t) {
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0;
 }
 
-void launch_matmul_mma(const MatSeg* segs, int n_segs, const uint8_t* act_q8, int64_t act_q8_stride,
-                       int n_tokens, const MatVecExtra& extra, cudaStream_t s) {
+void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                       cudaStream_t s) {
   if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matmul_mma: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
+  if (act_q8.token0 % 8 != 0) fail("matmul_mma: the plane view starts at token ", act_q8.token0, ", not a tile");
   for (int i = 0; i < n_segs; ++i) {
     if (!matmul_mma_supports(segs[i].w.type))
       fail("matmul_mma: no kernel for weight type ", type_traits(segs[i].w.type).name);
@@ -439,7 +449,6 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const uint8_t* act_q8, in
     }
     a.first_block[a.n_segs] = row_tiles;
     a.act = act_q8;
-    a.act_stride = act_q8_stride;
     a.n_tokens = n_tokens;
     a.extra = extra;
     switch (type) {

@@ -1,4 +1,4 @@
-// Device-side bodies shared by several kernels: the pad40 quantize of one 32-block (used by the
+// Device-side bodies shared by several kernels: the q8 plane's quantize of one 32-block (used by the
 // standalone quantize kernel AND the fused rms_norm / swiglu epilogues, so their bytes agree by
 // construction) and the per-type dot-product units of the matrix-vector kernels.
 #pragma once
@@ -37,15 +37,15 @@ __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 
-// pad40 block: f16 d at 0, 2 pad bytes, 32 int8 at 4, int32 sum of the quants at 36. The 8 blocks
-// of a 256-column group share one scale, so 8 lanes quantize a group together: lanes 8i..8i+7 of
-// the warp hold blocks 8g..8g+7 of one group; a lane whose block lies past the row passes
-// valid = false (it loads and writes nothing). Same rule as quantize_row_pad40_grouped on the CPU: amax is
-// exact in any order, rintf and the clamp are per element, so every byte matches.
+// The q8 plane's quantize of one 32-block (kernels.h: Q8Plane). The 8 blocks of a 256-column
+// group share one scale, so 8 lanes quantize a group together: lanes 8i..8i+7 of the warp hold
+// blocks 8g..8g+7 of one group; a lane whose block lies past the row passes valid = false (it
+// loads and writes nothing). Same rule as quantize_row_pad40_grouped on the CPU: amax is exact in
+// any order, rintf and the clamp are per element, so every quant, sum and scale matches.
 // REQUIRES: all 32 lanes of the warp call it together (the group's amax is shuffled).
-// The block's 32 values in registers (zeros where !valid).
-__device__ __forceinline__ void quantize_pad40_group_values(const float4 (&v)[8], uint8_t* __restrict__ dst,
-                                                            bool valid) {
+// The block's 32 values in registers (zeros where !valid); (t, b) = its token and block.
+__device__ __forceinline__ void quantize_q8_group_values(const float4 (&v)[8], const Q8Plane& plane, int t, int b,
+                                                         bool valid) {
   float amax = 0.0f;
 #pragma unroll
   for (int i = 0; i < 8; ++i)
@@ -70,19 +70,19 @@ __device__ __forceinline__ void quantize_pad40_group_values(const float4 (&v)[8]
     }
     packed[i] = p;
   }
-  *reinterpret_cast<uint32_t*>(dst) = uint32_t(f2h(d));
-  uint32_t* qs = reinterpret_cast<uint32_t*>(dst + 4);
-#pragma unroll
-  for (int i = 0; i < 8; ++i) qs[i] = packed[i];
-  *reinterpret_cast<int*>(dst + 36) = sum;
+  uint4* qs = reinterpret_cast<uint4*>(plane.block_quants(t, b));
+  qs[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  qs[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  *plane.sum(t, b) = sum;
+  if (b % 8 == 0) *plane.scale(t, b / 8) = f2h(d);
 }
 // The block's values read from src (32 floats, 16-byte aligned).
-__device__ __forceinline__ void quantize_pad40_group_member(const float* __restrict__ src,
-                                                            uint8_t* __restrict__ dst, bool valid) {
+__device__ __forceinline__ void quantize_q8_group_member(const float* __restrict__ src, const Q8Plane& plane, int t,
+                                                         int b, bool valid) {
   float4 v[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] = valid ? reinterpret_cast<const float4*>(src)[i] : make_float4(0, 0, 0, 0);
-  quantize_pad40_group_values(v, dst, valid);
+  quantize_q8_group_values(v, plane, t, b, valid);
 }
 
 // Rotation of one rope pair; explicit roundings so every kernel that ropes gets the same bits.
@@ -98,7 +98,7 @@ __device__ __forceinline__ void rope_rotate(float& x0, float& x1, int pos, float
 __device__ __forceinline__ float silu_mul(float g, float u) { return (g / (1.0f + expf(-g))) * u; }
 
 // ---- the canonical order's terms ----------------------------------------------------------------
-// One term per 256-column group of a weight row against one pad40 activation row
+// One term per 256-column group of a weight row against one q8 plane row
 // (quant/canonical_dot.h states the order on the CPU). Every float operation rounds explicitly
 // (no contraction), so the two decode matmul kernels and the CPU statement produce the same bits.
 
@@ -128,17 +128,15 @@ struct GroupSums {
   int s = 0, m = 0;
 };
 
-struct ActQ8 {  // one pad40 block
-  const uint8_t* p;
-  __device__ float d() const { return h2f(*reinterpret_cast<const uint16_t*>(p)); }
-  __device__ int sum() const { return *reinterpret_cast<const int*>(p + 36); }
-  __device__ int w(int k) const { return ld4(p + 4 + 4 * k); }
+// Token t of a q8 plane, as the warp-per-row kernel's units read it.
+struct ActRow {
+  Q8Plane plane;
+  int t;
+  __device__ int word(int b, int k) const { return ld4(plane.block_quants(t, b) + 4 * k); }  // quants 4k..4k+3
+  __device__ int sum(int b) const { return *plane.sum(t, b); }
+  __device__ float group_scale(int g) const { return h2f(*plane.scale(t, g)); }
+  __device__ float block_scale(int b) const { return group_scale(b / 8); }
 };
-// The activation scale of 256-column group g of a pad40 row: its first block's (every block of
-// the group holds the same, quantize_pad40_group_member).
-__device__ __forceinline__ float act_group_scale(const uint8_t* row, int g) {
-  return ActQ8{row + size_t(g) * 8 * kPad40Bytes}.d();
-}
 
 __device__ __forceinline__ void k_scale_min(uint4 h, int j, int& sc, int& m) {
   // h.y = scales bytes 0-3, h.z = bytes 4-7, h.w = bytes 8-11
@@ -172,12 +170,10 @@ struct UnitQK45 {
     }
   }
   // Sub-blocks 2c and 2c+1: sc * isum and m * asum of both.
-  __device__ GroupSums group_sums(const uint8_t* act, int u, bool valid) const {
+  __device__ GroupSums group_sums(const ActRow& act, int u, bool valid) const {
     GroupSums r;
     if (!valid) return r;
-    const int sb = u >> 2;
-    const ActQ8 a0{act + size_t(sb * 8 + 2 * c) * kPad40Bytes};
-    const ActQ8 a1{act + size_t(sb * 8 + 2 * c + 1) * kPad40Bytes};
+    const int b0 = (u >> 2) * 8 + 2 * c, b1 = b0 + 1;
     const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
     const uint32_t hb[8] = {qh0.x, qh0.y, qh0.z, qh0.w, qh1.x, qh1.y, qh1.z, qh1.w};
     int s0 = 0, s1 = 0;
@@ -188,18 +184,18 @@ struct UnitQK45 {
         lo |= ((hb[k] >> (2 * c)) & 0x01010101u) << 4;
         hi |= ((hb[k] >> (2 * c + 1)) & 0x01010101u) << 4;
       }
-      s0 = __dp4a(int(lo), a0.w(k), s0);
-      s1 = __dp4a(int(hi), a1.w(k), s1);
+      s0 = __dp4a(int(lo), act.word(b0, k), s0);
+      s1 = __dp4a(int(hi), act.word(b1, k), s1);
     }
     int sc0, m0, sc1, m1;
     k_scale_min(h, 2 * c, sc0, m0);
     k_scale_min(h, 2 * c + 1, sc1, m1);
     r.s = sc0 * s0 + sc1 * s1;
-    r.m = m0 * a0.sum() + m1 * a1.sum();
+    r.m = m0 * act.sum(b0) + m1 * act.sum(b1);
     return r;
   }
-  __device__ float group_term(GroupSums g, const uint8_t* act, int u) const {
-    return group_term_qk(h2f(uint16_t(h.x)), h2f(uint16_t(h.x >> 16)), g.s, g.m, act_group_scale(act, u >> 2));
+  __device__ float group_term(GroupSums g, const ActRow& act, int u) const {
+    return group_term_qk(h2f(uint16_t(h.x)), h2f(uint16_t(h.x >> 16)), g.s, g.m, act.group_scale(u >> 2));
   }
 };
 
@@ -222,20 +218,20 @@ struct UnitQ6K {
     ld_words_a2(b + 192 + 8 * n, sc);
     d = h2f(ld_u16(b + 208));
   }
-  __device__ GroupSums group_sums(const uint8_t* act, int u, bool valid) const {
+  __device__ GroupSums group_sums(const ActRow& act, int u, bool valid) const {
     GroupSums r;
     if (!valid) return r;
     const int sb = u >> 2;
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      const ActQ8 act_g{act + size_t(sb * 8 + 4 * n + g) * kPad40Bytes};
+      const int b = sb * 8 + 4 * n + g;
       int s = 0;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t lowsrc = (g & 1) ? B[k] : A[k];
         const uint32_t low = (g < 2) ? (lowsrc & 0x0F0F0F0Fu) : ((lowsrc >> 4) & 0x0F0F0F0Fu);
         const uint32_t q = low | (((H[k] >> (2 * g)) & 0x03030303u) << 4);
-        s = __dp4a(int(__vsub4(q, 0x20202020u)), act_g.w(4 * lh + k), s);
+        s = __dp4a(int(__vsub4(q, 0x20202020u)), act.word(b, 4 * lh + k), s);
       }
       // scale byte 8n + 2g + lh: sc[0] holds bytes 8n..8n+3, sc[1] 8n+4..8n+7
       const uint32_t word = (g < 2) ? sc[0] : sc[1];
@@ -243,8 +239,8 @@ struct UnitQ6K {
     }
     return r;
   }
-  __device__ float group_term(GroupSums g, const uint8_t* act, int u) const {
-    return group_term_q6k(d, g.s, act_group_scale(act, u >> 2));
+  __device__ float group_term(GroupSums g, const ActRow& act, int u) const {
+    return group_term_q6k(d, g.s, act.group_scale(u >> 2));
   }
 };
 
@@ -284,31 +280,32 @@ struct Unit32Pair {
   __device__ static uint32_t spread4(uint32_t b) {  // 4 bits -> bit 4 of 4 bytes
     return ((b & 1) << 4) | ((b & 2) << 11) | ((b & 4) << 18) | ((b & 8) << 25);
   }
-  __device__ static float term(const Block& w, const ActQ8& a) {
+  __device__ static float term(const Block& w, const ActRow& a, int b) {
     int s = 0;
     if constexpr (kQ8) {
 #pragma unroll
-      for (int k = 0; k < 8; ++k) s = __dp4a(int(w.q[k]), a.w(k), s);
-      return term_q8_0(w.d, s, a.d());
-    }
+      for (int k = 0; k < 8; ++k) s = __dp4a(int(w.q[k]), a.word(b, k), s);
+      return term_q8_0(w.d, s, a.block_scale(b));
+    } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      uint32_t lo = w.q[k] & 0x0F0F0F0Fu, hi = (w.q[k] >> 4) & 0x0F0F0F0Fu;
-      if (kQ5) {
-        lo |= spread4((w.qh >> (4 * k)) & 0xF);
-        hi |= spread4((w.qh >> (16 + 4 * k)) & 0xF);
+      for (int k = 0; k < 4; ++k) {
+        uint32_t lo = w.q[k] & 0x0F0F0F0Fu, hi = (w.q[k] >> 4) & 0x0F0F0F0Fu;
+        if (kQ5) {
+          lo |= spread4((w.qh >> (4 * k)) & 0xF);
+          hi |= spread4((w.qh >> (16 + 4 * k)) & 0xF);
+        }
+        s = __dp4a(int(lo), a.word(b, k), s);
+        s = __dp4a(int(hi), a.word(b, 4 + k), s);
       }
-      s = __dp4a(int(lo), a.w(k), s);
-      s = __dp4a(int(hi), a.w(4 + k), s);
+      const float da = a.block_scale(b), dd = __fmul_rn(w.d, da);
+      if (kMin) return __fmaf_rn(dd, __int2float_rn(s), __fmul_rn(__fmul_rn(w.m, da), __int2float_rn(a.sum(b))));
+      return __fmul_rn(dd, __int2float_rn(s - (kQ5 ? 16 : 8) * a.sum(b)));
     }
-    const float dd = __fmul_rn(w.d, a.d());
-    if (kMin) return __fmaf_rn(dd, __int2float_rn(s), __fmul_rn(__fmul_rn(w.m, a.d()), __int2float_rn(a.sum())));
-    return __fmul_rn(dd, __int2float_rn(s - (kQ5 ? 16 : 8) * a.sum()));
   }
-  __device__ float pair_terms(const uint8_t* act, int u, bool valid) const {
+  __device__ float pair_terms(const ActRow& act, int u, bool valid) const {
     if (!valid) return 0.0f;
-    const float t0 = term(blk[0], ActQ8{act + size_t(2 * u) * kPad40Bytes});
-    const float t1 = n_valid > 1 ? term(blk[1], ActQ8{act + size_t(2 * u + 1) * kPad40Bytes}) : 0.0f;
+    const float t0 = term(blk[0], act, 2 * u);
+    const float t1 = n_valid > 1 ? term(blk[1], act, 2 * u + 1) : 0.0f;
     return __fadd_rn(t0, t1);
   }
 };
