@@ -236,13 +236,14 @@ Fusions Fusions::from_env() {
   f.fused_qkv = !env_set("MINFER_NO_FUSED_QKV");
   f.fused_ffn = !env_set("MINFER_NO_FUSED_FFN");
   f.fused_residual = !env_set("MINFER_NO_FUSED_RESIDUAL");
+  f.pdl = !env_set("MINFER_NO_PDL");
   f.batch_invariant = !env_set("MINFER_NONDETERMINISTIC");
   return f;
 }
 
 Fusions Fusions::none() {
   Fusions f;
-  f.decode_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.fused_residual = false;
+  f.decode_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.fused_residual = f.pdl = false;
   return f;
 }
 

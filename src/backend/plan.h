@@ -21,6 +21,7 @@ struct Fusions {
   bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch
   bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
   bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
+  bool pdl = true;             // MINFER_NO_PDL: each kernel starts only after the one before it ends
   // MINFER_NONDETERMINISTIC: plan the prompt GEMM's K split for each launch's own token count
   // (otherwise for a fixed count, so a token's bits do not depend on the batch around it).
   bool batch_invariant = true;

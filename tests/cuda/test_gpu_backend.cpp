@@ -391,13 +391,14 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   Fusions all;  // everything on
   const Trace ref = trace(s, all);
   std::vector<std::pair<std::string, Fusions>> variants;
-  for (const char* name : {"decode_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "fused_residual"}) {
+  for (const char* name : {"decode_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "fused_residual", "pdl"}) {
     Fusions f = all;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
     if (!std::strcmp(name, "cuda_graph")) f.cuda_graph = false;
     if (!std::strcmp(name, "fused_qkv")) f.fused_qkv = false;
     if (!std::strcmp(name, "fused_ffn")) f.fused_ffn = false;
     if (!std::strcmp(name, "fused_residual")) f.fused_residual = false;
+    if (!std::strcmp(name, "pdl")) f.pdl = false;
     variants.emplace_back(std::string("no_") + name, f);
   }
   variants.emplace_back("none", Fusions::none());

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "backend/cuda/kernels.h"
@@ -544,21 +545,29 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
 
 TEST(GpuKernels, ArgmaxTakesTheFirstLargest) {
   MINFER_REQUIRE_GPU();
-  const int n = 152064;
-  auto x = random_normal(static_cast<size_t>(n), 1.0f, 110);
+  const int n = 152063, ld = n + 5;  // rows not a multiple of the slice count, nor 16-byte aligned
+  const int rows = 5;
+  std::vector<float> x(size_t(rows) * ld, -1e30f);
   std::mt19937_64 rng(seed() + 111);
-  const int a = int(rng() % n), b = int(rng() % n);
-  x[size_t(a)] = 50.0f;
-  x[size_t(b)] = 50.0f;
-  std::vector<float> rows = x;  // a second row: its own maximum
-  rows.insert(rows.end(), x.begin(), x.end());
-  rows[size_t(n + 17)] = 60.0f;
-  DeviceBuffer<float> dx(rows);
-  DeviceBuffer<int32_t> r(static_cast<size_t>(2));
-  cuda::launch_argmax_rows(dx.get(), n, 2, n, r.get(), nullptr);
+  for (int r = 0; r < rows; ++r) {
+    const auto v = random_normal(static_cast<size_t>(n), 1.0f, 110 + uint64_t(r));
+    std::copy(v.begin(), v.end(), x.begin() + ptrdiff_t(r) * ld);
+  }
+  float* row = x.data();
+  const int a = int(rng() % n), b = int(rng() % n);  // row 0: a tie, usually in two slices
+  row[a] = row[b] = 50.0f;
+  x[size_t(ld) + 17] = 60.0f;                       // row 1: the first element's neighbourhood
+  x[size_t(2 * ld) + n - 1] = 70.0f;                // row 2: the last element
+  x[size_t(3 * ld) + 5000] = std::nanf("");          // row 3: NaN never wins
+  x[size_t(3 * ld) + 6000] = 80.0f;
+  for (int i = 0; i < n; ++i) x[size_t(4 * ld) + i] = -std::numeric_limits<float>::infinity();  // row 4: no maximum
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<cuda::ArgmaxCandidate> candidates(size_t(rows) * cuda::kArgmaxSlices);
+  DeviceBuffer<int32_t> r(static_cast<size_t>(rows));
+  cuda::launch_argmax_rows(dx.get(), ld, rows, n, candidates.get(), r.get(), nullptr);
   const auto got = r.download();
-  ASSERT_EQ(got[0], std::min(a, b));
-  ASSERT_EQ(got[1], 17);
+  const std::vector<int32_t> want = {std::min(a, b), 17, n - 1, 6000, 0};
+  ASSERT_EQ(got, want);
 }
 
 }  // namespace

@@ -71,6 +71,7 @@ struct CudaBackend::Impl {
   DeviceArray<uint16_t> bf16;  // prompt GEMM activation plane
   DeviceArray<float> attn_part, gemm_workspace;
   DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
+  DeviceArray<ArgmaxCandidate> argmax_candidates;
   DeviceArray<int32_t> d_chunks;  // PrefillChunk[max_tokens] | PrefillTile[2 max_tokens]
   DeviceArray<int32_t> d_tables;  // grows with the step's block tables
   PinnedArray<int32_t> h_staging;
@@ -168,6 +169,7 @@ struct CudaBackend::Impl {
     attn_part = DeviceArray<float>(size_t(attention_workspace_floats(max_tokens, hp.n_head, hp.head_dim, decode_splits)));
     gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
     d_rows = DeviceArray<int32_t>(6 * size_t(max_tokens));
+    argmax_candidates = DeviceArray<ArgmaxCandidate>(size_t(max_tokens) * kArgmaxSlices);
     d_chunks = DeviceArray<int32_t>(4 * size_t(max_tokens) + 2 * 2 * size_t(max_tokens));
     stats.workspace_bytes = workspace_bytes(max_tokens);
   }
@@ -372,7 +374,7 @@ struct CudaBackend::Impl {
     const Node& node = graph.nodes[size_t(std::max(l.node, 0))];
     const auto [row0, count] = rows_of(l, geo);
     if (count == 0) return;
-    cudaStream_t s = stream.get();
+    const KernelStream s{stream.get(), f.pdl};
     const int64_t w_out = l.out >= 0 ? width(l.out) : 0, w_in = l.in >= 0 ? width(l.in) : 0;
     switch (l.kind) {
       case LaunchKind::Embed:
@@ -420,7 +422,7 @@ struct CudaBackend::Impl {
           pa.n_kv_head = hp.n_head_kv;
           pa.head_dim = hp.head_dim;
           pa.scale = 1.0f / std::sqrt(float(hp.head_dim));
-          launch_prefill_attention(pa, s);
+          launch_prefill_attention(pa, s.stream);
         } else {  // other head sizes: the split-K kernel, one query row at a time
           decode_attention(l, node, row0, count, s);
         }
@@ -436,12 +438,12 @@ struct CudaBackend::Impl {
         launch_gather_rows(slot(l.in), int(w_in), d_output_rows(), count, int(w_in), slot(l.out), s);
         return;
       case LaunchKind::Argmax:
-        launch_argmax_rows(slot(l.in), int(w_in), count, int(w_in), d_argmax(), s);
+        launch_argmax_rows(slot(l.in), int(w_in), count, int(w_in), argmax_candidates.get(), d_argmax(), s);
         return;
     }
   }
 
-  void decode_attention(const Launch& l, const Node& node, int row0, int count, cudaStream_t s) {
+  void decode_attention(const Launch& l, const Node& node, int row0, int count, const KernelStream& s) {
     const int64_t w = width(l.in);
     AttnParams p;
     p.q = slot(l.in) + row0 * w;
@@ -458,7 +460,7 @@ struct CudaBackend::Impl {
     launch_attention(p, s);
   }
 
-  void decode_matmul(const Launch& l, const Geometry& geo, int count, cudaStream_t s) {
+  void decode_matmul(const Launch& l, const Geometry& geo, int count, const KernelStream& s) {
     MatSeg segs[kMaxMatSegs];
     for (int i = 0; i < l.n_segs; ++i) {
       const Node& n = graph.nodes[size_t(l.seg_node[size_t(i)])];
@@ -483,7 +485,7 @@ struct CudaBackend::Impl {
     (void)geo;
   }
 
-  void prompt_matmul(const Launch& l, const Geometry& geo, int row0, int count, const Fusions& f, cudaStream_t s) {
+  void prompt_matmul(const Launch& l, const Geometry& geo, int row0, int count, const Fusions& f, const KernelStream& s) {
     const Node& n = graph.nodes[size_t(l.seg_node[0])];
     const DevMat& m = weights.mat(n.weight);
     const int64_t w_in = width(l.in), w_out = width(l.out);
@@ -492,7 +494,7 @@ struct CudaBackend::Impl {
     const float* residual = l.residual >= 0 ? slot(l.residual) + row0 * w_out : nullptr;
     if (prefill_gemm_supports(m.type) && m.rows % 2 == 0 && w_out % 2 == 0 && w_in % 8 == 0 &&
         m.cols % (type_traits(m.type).block_size == 256 ? 256 : 64) == 0) {
-      launch_prefill_activation_bf16(x, bf16.get(), int64_t(count) * w_in, s);
+      launch_prefill_activation_bf16(x, bf16.get(), int64_t(count) * w_in, s.stream);
       PrefillGemm g;
       g.w_type = m.type;
       g.w = m.data;
@@ -509,7 +511,7 @@ struct CudaBackend::Impl {
       g.sm_count = ctx.sm_count;
       g.workspace = gemm_workspace.get();
       g.workspace_bytes = gemm_workspace.bytes();
-      launch_prefill_gemm(g, s);
+      launch_prefill_gemm(g, s.stream);
       return;
     }
     // Weight types without a GEMM: the decode matmul over the prompt rows (their own plane rows).

@@ -5,15 +5,11 @@
 #include <type_traits>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_device.cuh"
 #include "util/error.h"
 
 namespace minfer::cuda {
-
-static void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) fail("CUDA kernel ", what, ": ", cudaGetErrorString(e));
-}
 
 bool cuda_supports_weight_type(GgmlType t) {
   switch (t) {
@@ -49,6 +45,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                 float* __restrict__ out, int ld_out, int width, int group,
                                 float eps, const Q8Plane q8, int q8_rows) {
+  await_predecessor();
   __shared__ float red[32];
   const int per_row = width / group;
   const int row = blockIdx.x / per_row, part = blockIdx.x % per_row;
@@ -78,6 +75,7 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
 __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                      float* __restrict__ out, int ld_out, int width, float eps,
                                      const Q8Plane q8, int q8_rows) {
+  await_predecessor();
   __shared__ float red[32];
   const int row = blockIdx.x, b = threadIdx.x;
   const bool valid = b < width / 32;
@@ -107,21 +105,20 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
 }
 
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
-                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, cudaStream_t s) {
+                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s) {
   if (group <= 0) group = width;
   if (q8_rows > 0 && (group != width || width % 32 != 0 || q8.n_blocks != width / 32))
     fail("rms_norm: fused quantize needs whole rows of the plane's width");
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (group == width && width % 32 == 0 && width <= 32 * 1024 && ld_x % 4 == 0 && ld_out % 4 == 0 &&
       aligned(x) && aligned(out) && aligned(w)) {
-    rms_norm_rows_kernel<<<n_rows, (width / 32 + 31) / 32 * 32, 0, s>>>(x, ld_x, w, out, ld_out, width, eps, q8, q8_rows);
-    check_launch("rms_norm");
+    launch_kernel("rms_norm", rms_norm_rows_kernel, n_rows, (width / 32 + 31) / 32 * 32, 0, s, x, ld_x, w, out, ld_out, width,
+                  eps, q8, q8_rows);
     return;
   }
   const int blocks = n_rows * (width / group);
   const int threads = group >= kNormThreads ? kNormThreads : ((group + 31) / 32) * 32;
-  rms_norm_kernel<<<blocks, threads, 0, s>>>(x, ld_x, w, out, ld_out, width, group, eps, q8, q8_rows);
-  check_launch("rms_norm");
+  launch_kernel("rms_norm", rms_norm_kernel, blocks, threads, 0, s, x, ld_x, w, out, ld_out, width, group, eps, q8, q8_rows);
 }
 
 // ---- swiglu (+ fused q8 epilogue) ------------------------------------------------------------
@@ -129,6 +126,7 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
 // group bx (blocks 8 bx .. 8 bx + 7), which the first 8 lanes of warp 0 quantize after the barrier.
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                               float* __restrict__ out, int width, const Q8Plane q8, int q8_rows) {
+  await_predecessor();
   const int row = blockIdx.y;
   const int i = blockIdx.x * 256 + threadIdx.x;
   float* yr = out + size_t(row) * width;
@@ -141,26 +139,26 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   const Q8Plane& q8, int q8_rows, cudaStream_t s) {
+                   const Q8Plane& q8, int q8_rows, const KernelStream& s) {
   if (q8_rows > 0 && (width % 32 != 0 || q8.n_blocks != width / 32))
     fail("swiglu: fused quantize needs width % 32 == 0 and a plane of that width");
-  swiglu_kernel<<<dim3((width + 255) / 256, n_rows), 256, 0, s>>>(gate, up, out, width, q8, q8_rows);
-  check_launch("swiglu");
+  launch_kernel("swiglu", swiglu_kernel, dim3((width + 255) / 256, n_rows), 256, 0, s, gate, up, out, width, q8, q8_rows);
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+  await_predecessor();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = a[i] + b[i];
 }
 
-void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s) {
-  add_kernel<<<unsigned((n + 255) / 256), 256, 0, s>>>(a, b, out, n);
-  check_launch("add");
+void launch_add(const float* a, const float* b, float* out, int64_t n, const KernelStream& s) {
+  launch_kernel("add", add_kernel, unsigned((n + 255) / 256), 256, 0, s, a, b, out, n);
 }
 
 // ---- standalone quantize: 8 threads per 256-column group, one per 32-block -----------------------
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int ld_x, const Q8Plane q8, int n_rows,
                                    int width) {
+  await_predecessor();
   const int n_blocks = width / 32, n_groups = (n_blocks + 7) / 8;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t group = i / 8;  // no early exit: the group's lanes shuffle
@@ -169,12 +167,11 @@ __global__ void quantize_q8_kernel(const float* __restrict__ x, int ld_x, const 
   quantize_q8_group_member(x + size_t(row) * ld_x + 32 * size_t(b), q8, row, b, valid);
 }
 
-void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, cudaStream_t s) {
+void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, const KernelStream& s) {
   if (width % 32 != 0) fail("quantize_q8: width ", width, " is not a multiple of 32");
   if (q8.n_blocks != width / 32) fail("quantize_q8: a plane of ", 32 * q8.n_blocks, " columns for rows of ", width);
   const int64_t n = int64_t(n_rows) * ((width / 32 + 7) / 8) * 8;
-  quantize_q8_kernel<<<unsigned((n + 127) / 128), 128, 0, s>>>(x, ld_x, q8, n_rows, width);
-  check_launch("quantize_q8");
+  launch_kernel("quantize_q8", quantize_q8_kernel, unsigned((n + 127) / 128), 128, 0, s, x, ld_x, q8, n_rows, width);
 }
 
 // The byte extents of the plane's three arrays (each rounded up to 256 bytes).
@@ -275,6 +272,7 @@ __device__ void dequant_group(const DevMat& m, int row, int g, float* out) {
 }
 
 __global__ void dequantize_rows_kernel(DevMat m, const int32_t* rows, int row0, float* out) {
+  await_predecessor();
   const int r = blockIdx.y;
   const int row = rows ? rows[r] : row0 + r;
   for (int g = threadIdx.x; g < m.cols / 32; g += blockDim.x) {
@@ -286,70 +284,88 @@ __global__ void dequantize_rows_kernel(DevMat m, const int32_t* rows, int row0, 
 }
 
 void launch_embed(const DevMat& emb, const int32_t* tokens, float* out, int n_tokens,
-                  cudaStream_t s) {
-  dequantize_rows_kernel<<<dim3(1, n_tokens), 128, 0, s>>>(emb, tokens, 0, out);
-  check_launch("embed");
+                  const KernelStream& s) {
+  launch_kernel("embed", dequantize_rows_kernel, dim3(1, n_tokens), 128, 0, s, emb, tokens, 0, out);
 }
 
-void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, cudaStream_t s) {
-  dequantize_rows_kernel<<<dim3(1, n_rows), 128, 0, s>>>(m, nullptr, row0, out);
-  check_launch("dequantize_rows");
+void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, const KernelStream& s) {
+  launch_kernel("dequantize_rows", dequantize_rows_kernel, dim3(1, n_rows), 128, 0, s, m, nullptr, row0, out);
 }
 
 // ---- gather / argmax -------------------------------------------------------------------------
 __global__ void gather_rows_kernel(const float* __restrict__ src, int ld, const int32_t* __restrict__ rows,
                                    int width, float* __restrict__ dst) {
+  await_predecessor();
   const float* from = src + size_t(rows[blockIdx.y]) * ld;
   float* to = dst + size_t(blockIdx.y) * ld;
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < width; i += gridDim.x * blockDim.x) to[i] = from[i];
 }
 
 void launch_gather_rows(const float* src, int ld, const int32_t* rows, int n_rows, int width, float* dst,
-                        cudaStream_t s) {
+                        const KernelStream& s) {
   if (n_rows <= 0) return;
-  gather_rows_kernel<<<dim3((width + 255) / 256, n_rows), 256, 0, s>>>(src, ld, rows, width, dst);
-  check_launch("gather_rows");
+  launch_kernel("gather_rows", gather_rows_kernel, dim3((width + 255) / 256, n_rows), 256, 0, s, src, ld, rows, width, dst);
 }
 
-// One block per row.
-__global__ void argmax_kernel(const float* __restrict__ x, int ld, int n, int32_t* result) {
+// The better of two candidates: the larger value, on ties the smaller index.
+__device__ __forceinline__ void argmax_take(float& bv, int& bi, float ov, int oi) {
+  if (ov > bv || (ov == bv && oi < bi)) {
+    bv = ov;
+    bi = oi;
+  }
+}
+__device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
+  for (int o = 16; o > 0; o >>= 1) argmax_take(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+
+// Block (slice, row) scans its slice of the row; no candidate sorts before index n (= none).
+// REQUIRES: blockDim.x a multiple of 32, <= 1024.
+__global__ void argmax_slices_kernel(const float* __restrict__ x, int ld, int n, ArgmaxCandidate* candidates) {
+  await_predecessor();
   __shared__ float best_v[32];
   __shared__ int best_i[32];
-  x += size_t(blockIdx.x) * ld;
+  const int row = blockIdx.y, slice = blockIdx.x;
+  const int begin = int(int64_t(n) * slice / kArgmaxSlices), end = int(int64_t(n) * (slice + 1) / kArgmaxSlices);
+  x += size_t(row) * ld;
   float bv = -FLT_MAX;
-  int bi = n;  // n sorts after every real index
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+  int bi = n;
+  for (int i = begin + threadIdx.x; i < end; i += blockDim.x) {
     const float v = x[i];
     if (v > bv) { bv = v; bi = i; }  // strided scan visits each thread's indices in order
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-  }
+  argmax_warp(bv, bi);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
   __syncthreads();
   if (warp == 0) {
     bv = lane < int(blockDim.x / 32) ? best_v[lane] : -FLT_MAX;
     bi = lane < int(blockDim.x / 32) ? best_i[lane] : n;
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
-    }
-    if (lane == 0) result[blockIdx.x] = bi < n ? bi : 0;
+    argmax_warp(bv, bi);
+    if (lane == 0) candidates[size_t(row) * kArgmaxSlices + slice] = {bv, bi};
   }
 }
 
-void launch_argmax_rows(const float* x, int ld, int n_rows, int width, int32_t* result, cudaStream_t s) {
+// One warp per row over its kArgmaxSlices candidates.
+__global__ void argmax_pick_kernel(const ArgmaxCandidate* candidates, int n, int32_t* result) {
+  await_predecessor();
+  static_assert(kArgmaxSlices == 32, "one candidate per lane");
+  const ArgmaxCandidate c = candidates[size_t(blockIdx.x) * kArgmaxSlices + threadIdx.x];
+  float bv = c.value;
+  int bi = c.index;
+  argmax_warp(bv, bi);
+  if (threadIdx.x == 0) result[blockIdx.x] = bi < n ? bi : 0;
+}
+
+void launch_argmax_rows(const float* x, int ld, int n_rows, int width, ArgmaxCandidate* candidates, int32_t* result,
+                        const KernelStream& s) {
   if (n_rows <= 0) return;
-  argmax_kernel<<<n_rows, 1024, 0, s>>>(x, ld, width, result);
-  check_launch("argmax");
+  launch_kernel("argmax", argmax_slices_kernel, dim3(kArgmaxSlices, n_rows), 256, 0, s, x, ld, width, candidates);
+  launch_kernel("argmax", argmax_pick_kernel, n_rows, kArgmaxSlices, 0, s, candidates, width, result);
 }
 
 // ---- rope / kv -------------------------------------------------------------------------------
 __global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const int32_t* positions) {
+  await_predecessor();
   const int t = blockIdx.y;
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= n_heads * rp.head_dim / 2) return;
@@ -363,14 +379,14 @@ __global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const 
 }
 
 void launch_rope(float* x, int ld, int n_tokens, int n_heads, const RopeParams& rp,
-                 const int32_t* positions, cudaStream_t s) {
+                 const int32_t* positions, const KernelStream& s) {
   if (n_tokens <= 0) return;
   const int pairs = n_heads * rp.head_dim / 2;
-  rope_kernel<<<dim3((pairs + 127) / 128, n_tokens), 128, 0, s>>>(x, ld, n_heads, rp, positions);
-  check_launch("rope");
+  launch_kernel("rope", rope_kernel, dim3((pairs + 127) / 128, n_tokens), 128, 0, s, x, ld, n_heads, rp, positions);
 }
 
 __global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, const int32_t* slots) {
+  await_predecessor();
   const int t = blockIdx.y;
   const int width = kv.n_kv_heads * kv.head_dim;
   const int r = blockIdx.x * blockDim.x + threadIdx.x;
@@ -381,11 +397,10 @@ __global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, con
 }
 
 void launch_kv_append(const float* k, const float* v, int n_tokens, const KvLayer& kv,
-                      const int32_t* slots, cudaStream_t s) {
+                      const int32_t* slots, const KernelStream& s) {
   if (n_tokens <= 0) return;
   const int width = kv.n_kv_heads * kv.head_dim;
-  kv_append_kernel<<<dim3((width + 127) / 128, n_tokens), 128, 0, s>>>(k, v, kv, slots);
-  check_launch("kv_append");
+  launch_kernel("kv_append", kv_append_kernel, dim3((width + 127) / 128, n_tokens), 128, 0, s, k, v, kv, slots);
 }
 
 // ---- matrix-vector: warp per row pair, lanes stride over the row's units ----------------------
@@ -483,6 +498,7 @@ __device__ __forceinline__ void pair_dot_f32(const DevMat& m, int r0, int r1, bo
 
 template <int NT>
 __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_constant__ MatVecArgs a) {
+  await_predecessor();
   int si = 0;
   while (si + 1 < a.n_segs && int(blockIdx.x) >= a.first_block[si + 1]) ++si;
   const MatSeg& seg = a.seg[si];
@@ -534,7 +550,7 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
 }
 
 void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
-                   int n_tokens, const MatVecExtra& extra, cudaStream_t s) {
+                   int n_tokens, const MatVecExtra& extra, const KernelStream& s) {
   if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matvec: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
   for (int t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
     const int nt = n_tokens - t0 < kMaxTokens ? n_tokens - t0 : kMaxTokens;
@@ -558,10 +574,9 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
     if (extra.positions) a.extra.positions += t0;
     if (extra.slots) a.extra.slots += t0;
     if (nt == 1)
-      matvec_kernel<1><<<blocks, kMvWarps * 32, 0, s>>>(a);
+      launch_kernel("matvec", matvec_kernel<1>, blocks, kMvWarps * 32, 0, s, a);
     else
-      matvec_kernel<kMaxTokens><<<blocks, kMvWarps * 32, 0, s>>>(a);
-    check_launch("matvec");
+      launch_kernel("matvec", matvec_kernel<kMaxTokens>, blocks, kMvWarps * 32, 0, s, a);
   }
 }
 
@@ -598,6 +613,7 @@ __device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
 
 template <int HD, int G>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head0) {
+  await_predecessor();
   constexpr int C = HD / 8, LP = 32 / C, U = kAttnUnroll, PW = U * LP, NW = kAttnWarps;
   __shared__ float red_acc[NW][G][HD];
   __shared__ float red_m[NW][G], red_l[NW][G];
@@ -755,6 +771,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 // into weights in parallel, then thread d sums dim d over the splits with independent loads.
 template <int HD>
 __global__ void attn_combine_kernel(const AttnParams p) {
+  await_predecessor();
   extern __shared__ float ml[];  // m (then the weight) of each split, then l of each split
   const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
   const int len = p.positions[t] + 1;
@@ -790,14 +807,14 @@ int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n
 }
 
 template <int HD, int G>
-static void launch_attention_split(const AttnParams& p, int head0, cudaStream_t s) {
+static void launch_attention_split(const AttnParams& p, int head0, const KernelStream& s) {
   const dim3 grid(p.kv.n_kv_heads, p.n_splits, p.n_tokens);
-  attn_split_kernel<HD, G><<<grid, kAttnWarps * 32, 0, s>>>(p, head0);
+  launch_kernel("attention", attn_split_kernel<HD, G>, grid, kAttnWarps * 32, 0, s, p, head0);
 }
 
 // Groups of more than 8 q heads per KV head run as several launches of at most 8 heads each.
 template <int HD>
-static void launch_attention_hd(const AttnParams& p, cudaStream_t s) {
+static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   const int group = p.n_head / p.kv.n_kv_heads;
   for (int head0 = 0; head0 < group; head0 += 8) {
     switch (std::min(8, group - head0)) {
@@ -810,13 +827,11 @@ static void launch_attention_hd(const AttnParams& p, cudaStream_t s) {
       case 7: launch_attention_split<HD, 7>(p, head0, s); break;
       default: launch_attention_split<HD, 8>(p, head0, s); break;
     }
-    check_launch("attention");
   }
-  attn_combine_kernel<HD><<<dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float), s>>>(p);
-  check_launch("attention combine");
+  launch_kernel("attention", attn_combine_kernel<HD>, dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float), s, p);
 }
 
-void launch_attention(const AttnParams& p, cudaStream_t s) {
+void launch_attention(const AttnParams& p, const KernelStream& s) {
   if (p.n_tokens <= 0) return;
   if (p.n_head % p.kv.n_kv_heads != 0) fail("attention: n_head ", p.n_head, " % n_kv ", p.kv.n_kv_heads);
   if (p.block_size <= 0 || (p.block_size & (p.block_size - 1)) != 0)

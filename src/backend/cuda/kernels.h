@@ -11,6 +11,14 @@
 
 namespace minfer::cuda {
 
+// Where a launcher enqueues its kernels, and whether they may use Programmatic Dependent Launch
+// (start while the kernel before them drains; launch.cuh). MINFER_NO_PDL turns it off.
+struct KernelStream {
+  cudaStream_t stream = nullptr;
+  bool pdl = false;
+  KernelStream(cudaStream_t s = nullptr, bool allow_pdl = false) : stream(s), pdl(allow_pdl) {}
+};
+
 // A weight matrix on the device, rows x cols, in its GGUF block layout (the prefill GEMM reads
 // the same bytes). q4_K/q5_K blocks are 16-byte multiples; q6_K (210 B) and the 32-blocks are only
 // 2-byte aligned, so their kernels assemble words from aligned loads.
@@ -61,23 +69,32 @@ Q8Plane q8_plane(uint8_t* buffer, int tokens, int width);
 // q8_rows > 0: also writes the first q8_rows output rows to the q8 plane (the producer-fused
 // A-quantize; needs group == 0 and width % 32 == 0; q8.n_blocks == width / 32).
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
-                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, cudaStream_t s);
+                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s);
 // out = silu(gate) * up over n_rows x width (row-contiguous); q8 as for rms_norm.
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   const Q8Plane& q8, int q8_rows, cudaStream_t s);
-void launch_add(const float* a, const float* b, float* out, int64_t n, cudaStream_t s);
+                   const Q8Plane& q8, int q8_rows, const KernelStream& s);
+void launch_add(const float* a, const float* b, float* out, int64_t n, const KernelStream& s);
 // The standalone quantize: n_rows rows of width floats (ld_x apart) to tokens 0.. of the q8 plane.
-void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, cudaStream_t s);
+void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, const KernelStream& s);
 // out[t] = row tokens[t] of the embedding matrix, dequantized to f32.
 void launch_embed(const DevMat& emb, const int32_t* tokens, float* out, int n_tokens,
-                  cudaStream_t s);
+                  const KernelStream& s);
 // rows [row0, row0 + n_rows) of m as f32 (tests and embedding share this path).
-void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, cudaStream_t s);
+void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, const KernelStream& s);
 // dst[i] = src[rows[i]] for i < n_rows (rows of width floats; ld floats apart in src and dst).
 void launch_gather_rows(const float* src, int ld, const int32_t* rows, int n_rows, int width, float* dst,
-                        cudaStream_t s);
-// result[r] = index of the largest value of row r (first one on ties), rows `ld` floats apart.
-void launch_argmax_rows(const float* x, int ld, int n_rows, int width, int32_t* result, cudaStream_t s);
+                        const KernelStream& s);
+// result[r] = index of the largest value of row r (first one on ties; NaN never wins; 0 for a row
+// without a finite maximum), rows `ld` floats apart. Each row is scanned in kArgmaxSlices slices by
+// as many blocks (one block reading a 152k-entry row alone is latency-bound: 60 us); candidates
+// (n_rows * kArgmaxSlices) holds the slices' winners for the second pass.
+constexpr int kArgmaxSlices = 32;
+struct ArgmaxCandidate {
+  float value;
+  int32_t index;
+};
+void launch_argmax_rows(const float* x, int ld, int n_rows, int width, ArgmaxCandidate* candidates, int32_t* result,
+                        const KernelStream& s);
 
 // ---- rope / kv cache ---------------------------------------------------------------------------
 struct RopeParams {
@@ -87,7 +104,7 @@ struct RopeParams {
 };
 // In place on n_tokens rows of n_heads * head_dim floats (ld apart); token t at positions[t].
 void launch_rope(float* x, int ld, int n_tokens, int n_heads, const RopeParams& rp,
-                 const int32_t* positions, cudaStream_t s);
+                 const int32_t* positions, const KernelStream& s);
 // One layer of the paged KV cache: f16 rows of n_kv_heads * head_dim, one per slot; the slot of
 // position p of a sequence is table[p / block_size] * block_size + p % block_size.
 struct KvLayer {
@@ -97,7 +114,7 @@ struct KvLayer {
 };
 // Writes n_tokens rows of k and v (n_kv_heads * head_dim floats each) to slots[t].
 void launch_kv_append(const float* k, const float* v, int n_tokens, const KvLayer& kv,
-                      const int32_t* slots, cudaStream_t s);
+                      const int32_t* slots, const KernelStream& s);
 
 // ---- the decode matmul: y = W x for tokens whose activations are q8 plane rows ---------------------
 // What a segment's epilogue does with each row pair after bias and residual.
@@ -134,11 +151,11 @@ bool matmul_mma_supports(GgmlType t);
 // tokens in launches of 8. Activations: the q8 plane's tokens 0..n_tokens-1 for quantized weights,
 // f32 rows for float weights (their own fixed order).
 void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
-                   int n_tokens, const MatVecExtra& extra, cudaStream_t s);
+                   int n_tokens, const MatVecExtra& extra, const KernelStream& s);
 // Tensor-core kernel (int8 mma): same segments and epilogues, every type matmul_mma_supports.
 // REQUIRES act_q8.token0 % 8 == 0 (its fragments are the plane's tiles).
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
-                       cudaStream_t s);
+                       const KernelStream& s);
 
 // ---- decode attention over the paged cache ------------------------------------------------------
 struct AttnParams {
@@ -157,6 +174,6 @@ struct AttnParams {
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
 };
 int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits);
-void launch_attention(const AttnParams& p, cudaStream_t s);
+void launch_attention(const AttnParams& p, const KernelStream& s);
 
 }  // namespace minfer::cuda

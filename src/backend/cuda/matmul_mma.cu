@@ -26,6 +26,7 @@
 #include <algorithm>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_device.cuh"
 #include "util/error.h"
 
@@ -35,6 +36,9 @@ namespace {
 constexpr int kWarps = 8;      // = the 8 streams of the canonical order
 constexpr int kThreads = kWarps * 32;
 constexpr int kTileRows = 16;  // one m16 fragment: thread rows gid and gid + 8
+// The CTA's shared memory: each warp's stream values (4 per token fragment) for every lane.
+template <int NTF>
+constexpr int kReduceFloats = kWarps * NTF * 4 * 32;
 
 struct MmaArgs {
   MatSeg seg[kMaxMatSegs];
@@ -320,6 +324,12 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   for (int nf = 0; nf < NTF; ++nf) b_off[nf] = uint32_t(tok.fragment(nf) - tok.plane.quants) + 32 * gid;
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
+  // At one token fragment the first group's weights are loaded before the PDL wait: they depend on
+  // no earlier kernel, so they arrive during that kernel's tail (measured +4 % at 8 sequences). At
+  // more fragments the registers held across the wait cost the loop more (-20 % at 64).
+  Group grp;
+  if (NTF == 1 && warp < n_groups) grp.load(m, R, warp, tid);
+  await_predecessor();
   for (int g = warp; g < n_groups; g += kWarps) {
     if (g + kWarps < n_groups) {
       // the next group's bytes of rows R[0], R[1]: tid covers 64-byte slice tid of each
@@ -327,8 +337,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
       for (int r = 0; r < 2; ++r)
         if (64 * tid < Group::kGroupBytes) prefetch_l2(Group::group_base(m, R[r], g + kWarps) + 64 * tid);
     }
-    Group grp;
-    grp.load(m, R, g, tid);
+    if (NTF != 1 || g != warp) grp.load(m, R, g, tid);
     typename Group::Part part[NTF] = {};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -377,7 +386,7 @@ __global__ void __launch_bounds__(kThreads, NTF == 1 ? 3 : 2) matmul_mma_kernel(
 
   // The streams meet in shared memory: red[warp][value][lane].
   constexpr int kValues = NTF * 4;
-  __shared__ float red[kWarps * kValues * 32];
+  __shared__ float red[kReduceFloats<NTF>];
 #pragma unroll
   for (int nf = 0; nf < NTF; ++nf)
 #pragma unroll
@@ -400,18 +409,34 @@ __global__ void __launch_bounds__(kThreads, NTF == 1 ? 3 : 2) matmul_mma_kernel(
   }
 }
 
+template <typename Group, int NTF>
+void launch_ntf(const MmaArgs& a, int grid, const KernelStream& s) {
+  // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
+  // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
+  // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
+  constexpr int kPerSm = NTF == 1 ? 3 : 2, kSmemPerCta = kReduceFloats<NTF> * 4 + 1024;  // + the driver's 1 KB
+  int device = 0, sm_smem = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  const int percent = sm_smem > 0 ? std::min(100, (kPerSm * kSmemPerCta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
+  const cudaError_t e =
+      cudaFuncSetAttribute(matmul_mma_kernel<Group, NTF>, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
+  if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
+  launch_kernel("matmul_mma", matmul_mma_kernel<Group, NTF>, grid, kThreads, 0, s, a);
+}
+
 template <typename Group>
-void launch_group(const MmaArgs& a, int row_tiles, cudaStream_t s) {
+void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   // At most 32 tokens a CTA: four fragments keep the kernel near 128 registers (two CTAs per SM).
   // (measured: 16 tokens a CTA is 4-5 % slower than 32 at 32 and 64 sequences)
   const int ntf = a.n_tokens <= 8 ? 1 : a.n_tokens <= 16 ? 2 : 4;
   const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
   if (ntf == 1)
-    matmul_mma_kernel<Group, 1><<<grid, kThreads, 0, s>>>(a);
+    launch_ntf<Group, 1>(a, grid, s);
   else if (ntf == 2)
-    matmul_mma_kernel<Group, 2><<<grid, kThreads, 0, s>>>(a);
+    launch_ntf<Group, 2>(a, grid, s);
   else
-    matmul_mma_kernel<Group, 4><<<grid, kThreads, 0, s>>>(a);
+    launch_ntf<Group, 4>(a, grid, s);
 }
 
 }  // namespace
@@ -421,7 +446,7 @@ bool matmul_mma_supports(GgmlType t) {
 }
 
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
-                       cudaStream_t s) {
+                       const KernelStream& s) {
   if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matmul_mma: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
   if (act_q8.token0 % 8 != 0) fail("matmul_mma: the plane view starts at token ", act_q8.token0, ", not a tile");
   for (int i = 0; i < n_segs; ++i) {
@@ -457,8 +482,6 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
       case GgmlType::Q6_K: launch_group<GroupQ6K>(a, row_tiles, s); break;
       default: launch_group<GroupQ8>(a, row_tiles, s); break;
     }
-    const cudaError_t e = cudaGetLastError();
-    if (e != cudaSuccess) fail("CUDA kernel matmul_mma: ", cudaGetErrorString(e));
   }
 }
 

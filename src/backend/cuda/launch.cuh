@@ -1,0 +1,42 @@
+// How the launchers of kernels.h start their kernels: with Programmatic Dependent Launch (PDL)
+// when the KernelStream allows it. A PDL kernel may be scheduled while the kernel before it in the
+// stream is still running (its launch and its CTAs' start overlap that kernel's tail); its first
+// dependent statement is await_predecessor(), which waits until everything before it in the stream
+// has finished and its writes are visible. Without PDL await_predecessor() returns at once, so a
+// kernel behaves the same launched either way.
+#pragma once
+#include <utility>
+
+#include "backend/cuda/kernels.h"
+#include "util/error.h"
+
+namespace minfer::cuda {
+
+// REQUIRES: called by every thread before the kernel's first read of data an earlier kernel of
+// the stream writes and before its first global write (only reads of weights may come before).
+// It then lets the next kernel of the stream launch.
+__device__ __forceinline__ void await_predecessor() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+template <typename... Params, typename... Args>
+void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                   const KernelStream& s, Args&&... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = s.stream;
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &pdl;
+  config.numAttrs = s.pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  if (e != cudaSuccess) fail("CUDA kernel ", name, ": ", cudaGetErrorString(e));
+}
+
+}  // namespace minfer::cuda
