@@ -31,6 +31,11 @@ namespace {
 // invariance); 512 is the default step size, where the split was tuned (docs/08).
 constexpr int kGemmPlanTokens = 512;
 
+// Kernels start with PDL in steps of up to this many rows, where the tensor-core matmul runs one
+// token fragment (measured against MINFER_NO_PDL on two machines: +1.5-4.6 % at one sequence,
+// +3.5-6.6 % at 8; at 32 +0.7 % and -1.6 %, at 64 -2.4 %: there the CTAs fill every SM anyway).
+constexpr int kPdlMaxRows = 8;
+
 // Decode-only steps are captured per bucket: the row count padded up to the next bucket.
 int bucket_rows(int rows) {
   if (rows <= 8) return rows;
@@ -374,7 +379,7 @@ struct CudaBackend::Impl {
     const Node& node = graph.nodes[size_t(std::max(l.node, 0))];
     const auto [row0, count] = rows_of(l, geo);
     if (count == 0) return;
-    const KernelStream s{stream.get(), f.pdl};
+    const KernelStream s{stream.get(), f.pdl && geo.n <= kPdlMaxRows};
     const int64_t w_out = l.out >= 0 ? width(l.out) : 0, w_in = l.in >= 0 ? width(l.in) : 0;
     switch (l.kind) {
       case LaunchKind::Embed:
