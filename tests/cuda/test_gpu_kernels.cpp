@@ -150,22 +150,39 @@ TEST(GpuKernels, RmsNormPerHeadGroups) {
       }
 }
 
+double swiglu_ref(float g, float u) { return double(g) / (1 + std::exp(-double(g))) * u; }
+
 TEST(GpuKernels, SwigluFusedQuantizeEqualsStandalone) {
   MINFER_REQUIRE_GPU();
+  const int rows = 3;
   for (int width : {4864, 18944, 13824}) {
-    const auto g = random_normal(static_cast<size_t>(width), 2.0f, 6), u = random_normal(static_cast<size_t>(width), 1.0f, 7);
-    DeviceBuffer<float> dg(g), du(u), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
-    DevicePlane q_fused(1, width), q_plain(1, width);
-    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), 1, width, q_fused.plane, 1, nullptr);
-    cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), 1, width, {}, 0, nullptr);
-    cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, 1, width, nullptr);
+    const size_t n = size_t(rows) * size_t(width);
+    const auto g = random_normal(n, 2.0f, 6), u = random_normal(n, 1.0f, 7);
+    DeviceBuffer<float> dg(g), du(u), y_fused(n), y_plain(n);
+    DevicePlane q_fused(rows, width), q_plain(rows, width);
+    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), rows, width, q_fused.plane, rows, nullptr);
+    cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), rows, width, {}, 0, nullptr);
+    cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, rows, width, nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0);
     ASSERT_TRUE(same_pad40(q_fused.to_pad40(), q_plain.to_pad40()));
-    for (int i = 0; i < width; ++i) {
-      const double ref = double(g[size_t(i)]) / (1 + std::exp(-double(g[size_t(i)]))) * u[size_t(i)];
-      ASSERT_NEAR(yf[size_t(i)], ref, 1e-5 * (1 + std::fabs(ref)));
-    }
+    ASSERT_TRUE(same_pad40(q_fused.to_pad40(), quantize_pad40_cpu(yf, rows, width)));
+    for (size_t i = 0; i < n; ++i) ASSERT_NEAR(yf[i], swiglu_ref(g[i], u[i]), 1e-5 * (1 + std::fabs(swiglu_ref(g[i], u[i]))));
+  }
+}
+
+// Rows whose blocks are not whole (a short last block) or not 16-byte aligned take the scalar path.
+TEST(GpuKernels, SwigluOddWidthsMatchDoubleReference) {
+  MINFER_REQUIRE_GPU();
+  const int rows = 2;
+  for (int width : {1000, 997, 31}) {
+    const size_t n = size_t(rows) * size_t(width);
+    const auto g = random_normal(n, 2.0f, 8), u = random_normal(n, 1.0f, 9);
+    DeviceBuffer<float> dg(g), du(u), y(n);
+    cuda::launch_swiglu(dg.get(), du.get(), y.get(), rows, width, {}, 0, nullptr);
+    const auto got = y.download();
+    for (size_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], swiglu_ref(g[i], u[i]), 1e-5 * (1 + std::fabs(swiglu_ref(g[i], u[i])))) << width << " " << i;
   }
 }
 
