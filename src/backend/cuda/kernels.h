@@ -85,7 +85,7 @@ void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, c
 void launch_gather_rows(const float* src, int ld, const int32_t* rows, int n_rows, int width, float* dst,
                         const KernelStream& s);
 // result[r] = index of the largest value of row r (first one on ties; NaN never wins; 0 for a row
-// without a finite maximum), rows `ld` floats apart. Each row is scanned in kArgmaxSlices slices by
+// with no value above -FLT_MAX), rows `ld` floats apart. Each row is scanned in kArgmaxSlices slices by
 // as many blocks (one block reading a 152k-entry row alone is latency-bound: 60 us); candidates
 // (n_rows * kArgmaxSlices) holds the slices' winners for the second pass.
 constexpr int kArgmaxSlices = 32;

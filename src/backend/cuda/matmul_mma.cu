@@ -3,9 +3,9 @@
 //
 // A CTA of 8 warps owns a tile of 16 weight rows (one m16 fragment) and up to 32 tokens (NTF <= 4
 // n8 fragments = tiles of the q8 plane, whose layout makes each B fragment one contiguous 256-byte
-// run: a thread's 8 bytes are one aligned load). Warp w sums stream w of the canonical order (quant/canonical_dot.h): the 256-column
-// groups g = w, w + 8, ... in order, the next group's weight lines prefetched to L2 while this one
-// is multiplied. A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
+// run: a thread's 8 bytes are one aligned load). Warp w sums stream w of the canonical order
+// (quant/canonical_dot.h): the 256-column groups g = w, w + 8, ... in order, the next group's
+// weight lines prefetched to L2 while this one is multiplied. A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
 // kernel's registers are what its type needs.
 // For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
 // fragment, accumulating the group's exact integer sums per (row, token):
@@ -88,8 +88,8 @@ __device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
 
 // ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----
 // load() reads the group's bytes; b_operand(q, tid) loads a token's B registers of one sub-block
-// from its 32 quants q; multiply(j, b, ...) multiplies sub-block j (plane block blk = 8g + j) with every token
-// fragment (b[nf]: column gid of fragment nf) into the per-fragment state Part; finish() turns a
+// from its 32 quants q; multiply(j, b, ...) multiplies sub-block j (plane block blk = 8g + j) with
+// every token fragment (b[nf]: column gid of fragment nf) into the per-fragment state Part; finish() turns a
 // Part into the 4 terms of the thread's C fragment (element e: row R[e / 2], token 2 tid + e % 2),
 // da[e % 2] being the group scales of the thread's two tokens.
 
