@@ -1,11 +1,14 @@
-// Prefill kernel timings on the GPU (CUDA events, manual time): the weight GEMMs at the Qwen2.5
-// 7B/14B layer shapes and causal flash attention at several depths. Report TFLOP/s = the counter;
-// the splits and m_tile counters say which GEMM plan ran. Names: .../M512 is the automatic plan,
-// .../M512/nosplit the single-pass kernel (what MINFER_NO_GEMM_SPLITK=1 runs), .../M512/splitS
-// forces S K slices (the sweep that checks the automatic choice).
+// Prefill kernel timings on the GPU (CUDA events, manual time): the weight GEMMs the CUDA backend
+// runs for prompt rows — one per weight matrix of a layer (q, k, v, o, gate, up, down), each at the
+// type llama.cpp's Q4_K_M mix gives it in the Qwen2.5 7B/14B presets (synth::plan_tensors, so a
+// layer whose v or down is q6_K is its own row) — and causal flash attention at several depths.
+// Report TFLOP/s = the counter; `per_forward` says how many such GEMMs one forward runs, `splits`
+// and `m_tile` which GEMM plan ran. Names: gemm/<model>/<matrix>/<type>/M<m> is the automatic
+// plan, .../nosplit the single-pass kernel (what MINFER_NO_GEMM_SPLITK=1 runs), .../splitS forces
+// S K slices (the sweep that checks the automatic choice), .../tileT forces the m tile.
 //   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
-// Split-K A/B of the small-N layers only (median of 5; estimated 30 s on the H200):
-//   bench_prefill --benchmark_filter='^gemm/q(4|6)_K/(7B|14B)/(qkv|o|down)/' \
+// Split-K A/B of the small-N matrices only:
+//   bench_prefill --benchmark_filter='^gemm/(7B|14B)/(attn_.|attn_output|ffn_down)/' \
 //     --benchmark_repetitions=5 --benchmark_report_aggregates_only=true --benchmark_display_aggregates_only=true
 // Without a CUDA build (or device) it registers nothing.
 #include <benchmark/benchmark.h>
@@ -13,6 +16,7 @@
 #if MINFER_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -23,6 +27,7 @@
 
 #include "../tests/cuda/prefill_test_data.h"
 #include "backend/cuda/prefill.h"
+#include "convert/synth.h"
 
 namespace minfer {
 namespace {
@@ -144,19 +149,26 @@ void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, 
   time_with_events(state, 4.0 * hd * n_head * keys, [&] { cuda::launch_prefill_attention(a, nullptr); });
 }
 
-struct LayerShape {
-  const char* name;
-  int64_t n, k;
+// The prompt GEMMs of one forward of a preset under the Q4_K_M mix: one entry per (matrix, type),
+// with the number of layers that run it.
+struct PromptGemm {
+  std::string matrix;  // attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
+  GgmlType type;
+  int64_t n, k;        // output rows, row length
+  int per_forward;
 };
-struct ModelShapes {
-  const char* name;
-  LayerShape layers[4];
-  int n_head, n_kv_head;
-};
-constexpr ModelShapes kModels[] = {
-    {"7B", {{"qkv", 4608, 3584}, {"o", 3584, 3584}, {"gate_up", 37888, 3584}, {"down", 3584, 18944}}, 28, 4},
-    {"14B", {{"qkv", 7168, 5120}, {"o", 5120, 5120}, {"gate_up", 27648, 5120}, {"down", 5120, 13824}}, 40, 8},
-};
+std::vector<PromptGemm> prompt_gemms(const synth::Preset& preset) {
+  std::vector<PromptGemm> out;
+  for (const synth::PlannedTensor& t : synth::plan_tensors(preset, synth::FileType::Q4_K_M)) {
+    if (t.name.rfind("blk.", 0) != 0 || t.shape.size() != 2) continue;
+    const size_t dot = t.name.find('.', 4), end = t.name.rfind(".weight");
+    const std::string matrix = t.name.substr(dot + 1, end - dot - 1);
+    auto it = std::find_if(out.begin(), out.end(), [&](const PromptGemm& g) { return g.matrix == matrix && g.type == t.type; });
+    if (it == out.end()) it = out.insert(out.end(), PromptGemm{matrix, t.type, t.shape[1], t.shape[0], 0});
+    ++it->per_forward;
+  }
+  return out;
+}
 
 int register_all() {
   int devices = 0;
@@ -164,38 +176,43 @@ int register_all() {
   auto add = [](const std::string& name, auto fn) {
     benchmark::RegisterBenchmark(name.c_str(), fn)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
   };
-  for (const ModelShapes& model : kModels)
-    for (int64_t m : {512, 4096})
-      for (const LayerShape& l : model.layers) {
-        const std::string name = std::string("gemm/q4_K/") + model.name + "/" + l.name + "/M" + std::to_string(m);
-        add(name, [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0); });
-        add(name + "/nosplit", [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0, 1); });
-        if (m != 512 || l.n > 8192) continue;  // the split sweep: small-N layers at one ubatch
-        for (int splits : {2, 3, 4, 6, 8})
-          add(name + "/split" + std::to_string(splits),
-              [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, l.n, l.k, m, 0, splits); });
+  const std::pair<const char*, const char*> models[] = {{"7B", "qwen2.5-7b"}, {"14B", "qwen2.5-14b"}};
+  for (const auto& [label, preset_name] : models) {
+    const synth::Preset& preset = synth::find_preset(preset_name);
+    for (const PromptGemm& g : prompt_gemms(preset))
+      for (int64_t m : {512, 4096}) {
+        const std::string name = std::string("gemm/") + label + "/" + g.matrix + "/" + type_traits(g.type).name +
+                                 "/M" + std::to_string(m);
+        const auto run = [=](int m_tile, int k_splits) {
+          return [=](benchmark::State& s) {
+            bench_gemm(s, g.type, g.n, g.k, m, m_tile, k_splits);
+            s.counters["per_forward"] = g.per_forward;
+          };
+        };
+        add(name, run(0, 0));
+        add(name + "/nosplit", run(0, 1));
+        if (m == 512 && g.n <= 8192)  // the split sweep: small-N matrices at one ubatch
+          for (int splits : {2, 3, 4, 6, 8}) add(name + "/split" + std::to_string(splits), run(0, splits));
+        if (m == 512 && std::string(label) == "7B" && (g.matrix == "attn_q" || g.matrix == "ffn_gate"))
+          for (int tile : {64, 128}) add(name + "/tile" + std::to_string(tile), run(tile, 1));
       }
-  const ModelShapes& m7 = kModels[0];
-  for (GgmlType t : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16})
-    for (int li : {2, 3})
-      add(std::string("gemm/") + type_traits(t).name + "/7B/" + m7.layers[li].name + "/M512",
-          [=](benchmark::State& s) { bench_gemm(s, t, m7.layers[li].n, m7.layers[li].k, 512, 0); });
-  for (const ModelShapes& model : kModels)  // q6_K ffn_down: half the layers of the Q4_K_M mix
-    for (int k_splits : {0, 1}) {
-      if (k_splits == 0 && &model == &m7) continue;  // registered with the other types above
-      add(std::string("gemm/q6_K/") + model.name + "/down/M512" + (k_splits ? "/nosplit" : ""),
-          [=](benchmark::State& s) {
-            bench_gemm(s, GgmlType::Q6_K, model.layers[3].n, model.layers[3].k, 512, 0, k_splits);
-          });
-    }
-  for (int tile : {64, 128})  // the m-tile choice of the single-pass kernel
-    for (int li : {0, 2})
-      add(std::string("gemm/q4_K/7B/") + m7.layers[li].name + "/M512/tile" + std::to_string(tile),
-          [=](benchmark::State& s) { bench_gemm(s, GgmlType::Q4_K, m7.layers[li].n, m7.layers[li].k, 512, tile, 1); });
-  for (const ModelShapes& model : kModels)
     for (int pos0 : {0, 4096, 16384})
-      add(std::string("attention/") + model.name + "/M512/d" + std::to_string(pos0),
-          [=](benchmark::State& s) { bench_attention(s, model.n_head, model.n_kv_head, 512, pos0); });
+      add(std::string("attention/") + label + "/M512/d" + std::to_string(pos0),
+          [n_head = preset.n_head, n_kv = preset.n_head_kv, pos0](benchmark::State& s) {
+            bench_attention(s, n_head, n_kv, 512, pos0);
+          });
+  }
+  // The other weight types the GEMM serves, at the 7B's gate and down shapes (those the mix
+  // already has are above).
+  const std::vector<PromptGemm> mix7b = prompt_gemms(synth::find_preset("qwen2.5-7b"));
+  for (GgmlType t : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16})
+    for (const std::string matrix : {"ffn_gate", "ffn_down"}) {
+      const auto same = std::find_if(mix7b.begin(), mix7b.end(), [&](const PromptGemm& g) { return g.matrix == matrix; });
+      if (std::any_of(mix7b.begin(), mix7b.end(), [&](const PromptGemm& g) { return g.matrix == matrix && g.type == t; }))
+        continue;
+      add("gemm/7B/" + matrix + "/" + type_traits(t).name + "/M512",
+          [t, n = same->n, k = same->k](benchmark::State& s) { bench_gemm(s, t, n, k, 512, 0); });
+    }
   add("attention/7B/M4096/d0", [](benchmark::State& s) { bench_attention(s, 28, 4, 4096, 0); });
   return 0;
 }
