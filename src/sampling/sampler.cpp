@@ -166,7 +166,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   weight_.resize(keep);
   double sum = 0;
   for (size_t i = 0; i < keep; ++i) sum += weight_[i] = std::exp((cand_[i].first - max_logit) / p.temperature);
-  const double u = double(rng_() >> 11) * 0x1.0p-53 * sum;  // uniform in [0, sum)
+  const double u = uniform() * sum;
   double cum = 0;
   for (size_t i = 0; i < keep; ++i) {
     cum += weight_[i];
@@ -175,8 +175,10 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   return cand_[keep - 1].second;
 }
 
+double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
+
 int32_t Sampler::draw_all(std::span<const float> logits) {
-  return draw_softmax(logits, params_.temperature, double(rng_() >> 11) * 0x1.0p-53, weight_, block_sum_);
+  return draw_softmax(logits, params_.temperature, uniform(), weight_, block_sum_);
 }
 
 }  // namespace minfer

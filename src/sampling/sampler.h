@@ -52,6 +52,8 @@ class Sampler {
  private:
   // Draws from softmax(l / temperature) over all of `logits`, in id order.
   int32_t draw_all(std::span<const float> logits);
+  // The next draw's uniform number in [0, 1): 53 random bits.
+  double uniform();
 
   SamplerParams params_;
   std::mt19937_64 rng_;

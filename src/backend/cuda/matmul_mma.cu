@@ -39,6 +39,11 @@ constexpr int kTileRows = 16;  // one m16 fragment: thread rows gid and gid + 8
 // The CTA's shared memory: each warp's stream values (4 per token fragment) for every lane.
 template <int NTF>
 constexpr int kReduceFloats = kWarps * NTF * 4 * 32;
+// CTAs an SM holds (the kernel's launch bounds, so its register budget): 3 at one token fragment
+// (80 registers, no spills; +2.5 % at 8 sequences against 2), 2 above it (128 registers; 80 would
+// spill).
+template <int NTF>
+constexpr int kCtasPerSm = NTF == 1 ? 3 : 2;
 
 struct MmaArgs {
   MatSeg seg[kMaxMatSegs];
@@ -358,14 +363,12 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   }
 }
 
-// Occupancy: 3 CTAs an SM at one token fragment (80 registers, no spills; +2.5 % at 8 sequences
-// against 2), 2 above it (128 registers; 80 would spill).
 // REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' row tiles (first_block) times
 // ceil(n_tokens / (8 NTF)) token tiles; every segment of a.seg has Group's type. Every thread
 // reaches the barrier: rows and tokens past the end are computed on clamped indices and dropped at
 // the store. a.act.token0 % 8 == 0, and the plane's quants span < 4 GiB (32-bit offsets).
 template <typename Group, int NTF>
-__global__ void __launch_bounds__(kThreads, NTF == 1 ? 3 : 2) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
   // The token tiles of one row tile are neighbours in the grid, so its weights come from L2 after
   // the first of them reads them.
   const int n_token_tiles = (a.n_tokens + 8 * NTF - 1) / (8 * NTF);
@@ -414,11 +417,11 @@ void launch_ntf(const MmaArgs& a, int grid, const KernelStream& s) {
   // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
   // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
   // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
-  constexpr int kPerSm = NTF == 1 ? 3 : 2, kSmemPerCta = kReduceFloats<NTF> * 4 + 1024;  // + the driver's 1 KB
+  constexpr int kSmemPerCta = kReduceFloats<NTF> * 4 + 1024;  // + the driver's 1 KB
   int device = 0, sm_smem = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  const int percent = sm_smem > 0 ? std::min(100, (kPerSm * kSmemPerCta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
+  const int percent = sm_smem > 0 ? std::min(100, (kCtasPerSm<NTF> * kSmemPerCta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
   const cudaError_t e =
       cudaFuncSetAttribute(matmul_mma_kernel<Group, NTF>, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
