@@ -3,9 +3,9 @@
 torch.matmul) on bf16 activations [m, k] times bf16 weights [k, n] with f32 accumulation, the
 reference that issue 12 measures the prefill GEMM against in the same run.
 
-The shapes come from minfer itself: `minfer synth --preset P --ftype q4_k_m --dry-run` lists the
-tensors; every distinct (matrix, n, k) of layer 0 is timed (types do not matter to cuBLAS: the
-weights are bf16 here). Timing: CUDA events around `reps` launches after a warm-up, median of
+The shapes come from minfer itself: `minfer synth --preset P --ftype q4_k_m --tokenizer builtin
+--dry-run` lists the tensors; every distinct (matrix, n, k) of layer 0 is timed (types do not
+matter to cuBLAS: the weights are bf16 here). Timing: CUDA events around `reps` launches after a warm-up, median of
 `--repetitions` such runs, TFLOP/s = 2 m n k / time.
 Usage: cublas_bf16.py --minfer build/minfer [--presets qwen2.5-7b,qwen2.5-14b] [--m 512,4096]
 Needs torch with CUDA (the GPU machine has it).
@@ -19,7 +19,9 @@ import torch
 
 def layer_gemms(minfer, preset):
     """(matrix, n, k) of blk.0's weight matrices, in file order."""
-    out = subprocess.run([minfer, "synth", "--preset", preset, "--ftype", "q4_k_m", "--dry-run"],
+    # --tokenizer builtin: the qwen presets' default tokenizer comes from tools/npm, which the GPU
+    # machine (no package registry) does not have
+    out = subprocess.run([minfer, "synth", "--preset", preset, "--ftype", "q4_k_m", "--tokenizer", "builtin", "--dry-run"],
                          check=True, capture_output=True, text=True).stdout
     gemms = []
     for line in out.splitlines():

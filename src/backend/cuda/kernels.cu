@@ -179,7 +179,7 @@ struct Q8PlaneExtents {
   int64_t quants, scales, sums;
 };
 static Q8PlaneExtents q8_plane_extents(int tokens, int width) {
-  const int64_t t = (int64_t(tokens) + 7) / 8 * 8, blocks = width / 32, groups = (blocks + 7) / 8;
+  const int64_t t = (int64_t(tokens) + 31) / 32 * 32, blocks = width / 32, groups = (blocks + 7) / 8;
   const auto up256 = [](int64_t n) { return (n + 255) / 256 * 256; };
   return {up256(t * blocks * 32), up256(t * groups * 2), up256(t * blocks * 4)};
 }

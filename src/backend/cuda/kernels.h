@@ -32,8 +32,10 @@ bool cuda_supports_weight_type(GgmlType t);
 // The decode activation plane: rows of f32 activations quantized to int8 with one f16 scale per
 // 256 columns (the numbers of quantize_row_pad40_grouped, quant/quant.h), stored as three arrays
 // so that the tensor-core matmul reads a B fragment (8 tokens x 32 columns) as one contiguous,
-// 8-byte-aligned run of 256 bytes:
-//   quants  of token t, 32-column block b: 32 int8 at ((t / 8) * n_blocks + b) * 256 + (t % 8) * 32
+// 8-byte-aligned run of 256 bytes, and the four fragments of a 32-token tile's block as one run of
+// 1 KB (a CTA then addresses every fragment and sub-block from one pointer by immediate offsets):
+//   quants  of token t, 32-column block b: 32 int8 at
+//           ((t / 32) * n_blocks + b) * 1024 + (t / 8 % 4) * 256 + (t % 8) * 32
 //   scales  of token t, 256-column group g: f16 at [t * n_groups + g]
 //   sums    of the 32 quants of (t, b): int32 at [t * n_blocks + b] (the k-quant min terms of the
 //           warp-per-row kernel)
@@ -49,7 +51,7 @@ struct Q8Plane {
   constexpr int n_groups() const { return (n_blocks + 7) / 8; }
   constexpr uint8_t* block_quants(int t, int b) const {
     t += token0;
-    return quants + (size_t(t / 8) * size_t(n_blocks) + size_t(b)) * 256 + size_t(t % 8) * 32;
+    return quants + (size_t(t / 32) * size_t(n_blocks) + size_t(b)) * 1024 + size_t(t / 8 % 4) * 256 + size_t(t % 8) * 32;
   }
   constexpr uint16_t* scale(int t, int g) const { return scales + size_t(t + token0) * size_t(n_groups()) + size_t(g); }
   constexpr int32_t* sum(int t, int b) const { return sums + size_t(t + token0) * size_t(n_blocks) + size_t(b); }
@@ -59,7 +61,7 @@ struct Q8Plane {
     return v;
   }
 };
-// Bytes of a plane of `tokens` rows of `width` columns (tokens rounded up to whole tiles of 8), and
+// Bytes of a plane of `tokens` rows of `width` columns (tokens rounded up to whole tiles of 32), and
 // the plane carved from such a buffer (256-byte aligned).
 int64_t q8_plane_bytes(int tokens, int width);
 Q8Plane q8_plane(uint8_t* buffer, int tokens, int width);
@@ -153,7 +155,7 @@ bool matmul_mma_supports(GgmlType t);
 void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
                    int n_tokens, const MatVecExtra& extra, const KernelStream& s);
 // Tensor-core kernel (int8 mma): same segments and epilogues, every type matmul_mma_supports.
-// REQUIRES act_q8.token0 % 8 == 0 (its fragments are the plane's tiles).
+// REQUIRES act_q8.token0 % 32 == 0 (its fragments are the plane's tiles).
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                        const KernelStream& s);
 

@@ -3,7 +3,8 @@
 //
 // A CTA of 8 warps owns a tile of 16 weight rows (one m16 fragment) and up to 32 tokens (NTF <= 4
 // n8 fragments = tiles of the q8 plane, whose layout makes each B fragment one contiguous 256-byte
-// run: a thread's 8 bytes are one aligned load). Warp w sums stream w of the canonical order
+// run, a thread's 8 bytes one aligned load, and every fragment and sub-block of a group an
+// immediate offset from one pointer). Warp w sums stream w of the canonical order
 // (quant/canonical_dot.h): the 256-column groups g = w, w + 8, ... in order, the next group's
 // weight lines prefetched to L2 while this one is multiplied. A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
 // kernel's registers are what its type needs.
@@ -98,15 +99,13 @@ __device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
 // Part into the 4 terms of the thread's C fragment (element e: row R[e / 2], token 2 tid + e % 2),
 // da[e % 2] being the group scales of the thread's two tokens.
 
-// The CTA's tokens first .. first + 8 NTF - 1 of the plane (first % 8 == 0). Tokens past the last
-// read the last one's scales and fragments past the last tile the last tile (their results are
-// dropped); the tail of the last tile holds whatever the plane held (finite int8, dropped too).
+// The CTA's tokens first .. first + 8 NTF - 1 of the plane (first % (8 NTF) == 0, so its fragments
+// lie in one 32-token tile of the plane). Tokens past the last read the last one's scales;
+// fragments past the last tile read the tile's padding (finite int8; their results are dropped).
 struct Tokens {
   Q8Plane plane;
   int first, last;
   __device__ float scale(int t, int g) const { return h2f(*plane.scale(min(first + t, last), g)); }
-  // Block 0 of token fragment nf (8 tokens x 32 quants).
-  __device__ const uint8_t* fragment(int nf) const { return plane.block_quants(min(first + 8 * nf, last & ~7), 0); }
 };
 
 template <bool Q5>
@@ -116,10 +115,14 @@ struct GroupQK45 {
     int s[4], m[4];
   };
   static constexpr int kGroupBytes = kBytes;
+  static constexpr bool kPartialGroups = false;  // rows of whole groups (cols % 256 == 0)
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
   }
-  uint4 h[2];      // d, dmin, scales
+  // [row]: x = d, dmin (f16); after load() the 6-bit scales and mins of the 8 sub-blocks, one byte
+  // each, unpacked once a group: y = sc 0-3, z = m 0-3, w = sc 4-7, and m_hi = m 4-7.
+  uint4 h[2];
+  uint32_t m_hi[2];
   uint2 qs[2][4];  // [row][pair]: bytes 32 pair + 8 tid .. + 8 of qs
   uint2 qh[2];     // q5_K: bytes 8 tid .. + 8 of qh
   __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
@@ -127,7 +130,10 @@ struct GroupQK45 {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const uint8_t* b = m.data + (size_t(R[r]) * nsb + g) * kBytes;
-      h[r] = ld16(b);
+      const uint4 raw = ld16(b);  // y, z, w: the 12 packed scale bytes (k_scale_min)
+      h[r] = make_uint4(raw.x, raw.y & 0x3F3F3F3Fu, raw.z & 0x3F3F3F3Fu,
+                        (raw.w & 0x0F0F0F0Fu) | ((raw.y >> 2) & 0x30303030u));
+      m_hi[r] = ((raw.w >> 4) & 0x0F0F0F0Fu) | ((raw.z >> 2) & 0x30303030u);
 #pragma unroll
       for (int p = 0; p < 4; ++p) qs[r][p] = __ldg(reinterpret_cast<const uint2*>(b + kQsOffset + 32 * p + 8 * tid));
       if (Q5) qh[r] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 8 * tid));
@@ -144,11 +150,13 @@ struct GroupQK45 {
     const int p = j / 2;
     const uint32_t a[4] = {quants(qs[0][p].x, Q5 ? qh[0].x : 0u, j), quants(qs[1][p].x, Q5 ? qh[1].x : 0u, j),
                            quants(qs[0][p].y, Q5 ? qh[0].y : 0u, j), quants(qs[1][p].y, Q5 ? qh[1].y : 0u, j)};
-    int sc[2], mn[2];
-    k_scale_min(h[0], j, sc[0], mn[0]);
-    k_scale_min(h[1], j, sc[1], mn[1]);
-    const uint32_t am[4] = {uint32_t(mn[0]) * 0x01010101u, uint32_t(mn[1]) * 0x01010101u,
-                            uint32_t(mn[0]) * 0x01010101u, uint32_t(mn[1]) * 0x01010101u};
+    const int byte = j % 4;
+    const int sc[2] = {int(((j < 4 ? h[0].y : h[0].w) >> (8 * byte)) & 0xFF),
+                       int(((j < 4 ? h[1].y : h[1].w) >> (8 * byte)) & 0xFF)};
+    // m_j in every byte of the row's A registers: one byte permute
+    const uint32_t m0 = __byte_perm(j < 4 ? h[0].z : m_hi[0], 0, 0x1111 * byte);
+    const uint32_t m1 = __byte_perm(j < 4 ? h[1].z : m_hi[1], 0, 0x1111 * byte);
+    const uint32_t am[4] = {m0, m1, m0, m1};
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
       int c[4] = {0, 0, 0, 0};
@@ -175,6 +183,7 @@ struct GroupQ6K {
     int s[4];
   };
   static constexpr int kGroupBytes = 210;
+  static constexpr bool kPartialGroups = false;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * 210;
   }
@@ -239,6 +248,7 @@ struct GroupQ8 {
     float p[4], q[4], r[4];
   };
   static constexpr int kGroupBytes = 8 * 34;  // fewer in a partial last group
+  static constexpr bool kPartialGroups = true;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 32) + 8 * g) * 34;
   }
@@ -323,10 +333,9 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     bool ok;
     tile_row(seg, a.extra, tile, gid + 8 * r, R[r], j, ok);
   }
-  // byte offsets of the thread's B token in block 0 of each fragment (32 bits: fewer registers)
-  uint32_t b_off[NTF];
-#pragma unroll
-  for (int nf = 0; nf < NTF; ++nf) b_off[nf] = uint32_t(tok.fragment(nf) - tok.plane.quants) + 32 * gid;
+  // The thread's B token in block 0 of the CTA's first fragment; fragment nf of block b lies
+  // b * 1024 + nf * 256 further (kernels.h: Q8Plane).
+  const uint8_t* b_tile = tok.plane.block_quants(tok.first, 0) + 32 * gid;
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
   // At one token fragment the first group's weights are loaded before the PDL wait: they depend on
@@ -343,13 +352,25 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
         if (64 * tid < Group::kGroupBytes) prefetch_l2(Group::group_base(m, R[r], g + kWarps) + 64 * tid);
     }
     if (NTF != 1 || g != warp) grp.load(m, R, g, tid);
+    // Sub-block j's B registers of fragment nf, at immediate offsets from one pointer. A q8_0 row's
+    // short last group reads its last block again (unused).
+    const int last_j = Group::kPartialGroups ? n_blocks - 1 - 8 * g : 7;
+    const uint8_t* b_group = b_tile + size_t(g) * 8 * 1024;
+    auto b_operand = [&](int j, int nf) { return Group::b_operand(b_group + min(j, last_j) * 1024 + nf * 256, tid); };
+    // At one fragment the group's 8 B loads are issued together, right after its weights: one
+    // round trip a group instead of one a sub-block (measured +2 % at 1 and 8 sequences; at more
+    // fragments their registers would spill).
+    constexpr bool kLoadGroupB = NTF == 1;
+    uint2 group_b[kLoadGroupB ? 8 : 1][NTF];
+    if constexpr (kLoadGroupB)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) group_b[j][0] = b_operand(j, 0);
     typename Group::Part part[NTF] = {};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       uint2 b[NTF];
 #pragma unroll
-      for (int nf = 0; nf < NTF; ++nf)  // a q8_0 row's short last group reads its last block again (unused)
-        b[nf] = Group::b_operand(tok.plane.quants + b_off[nf] + uint32_t(min(8 * g + j, n_blocks - 1)) * 256, tid);
+      for (int nf = 0; nf < NTF; ++nf) b[nf] = kLoadGroupB ? group_b[j][nf] : b_operand(j, nf);
       grp.multiply(j, b, 8 * g + j, tok, tid, part);
     }
 #pragma unroll
@@ -366,7 +387,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
 // REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' row tiles (first_block) times
 // ceil(n_tokens / (8 NTF)) token tiles; every segment of a.seg has Group's type. Every thread
 // reaches the barrier: rows and tokens past the end are computed on clamped indices and dropped at
-// the store. a.act.token0 % 8 == 0, and the plane's quants span < 4 GiB (32-bit offsets).
+// the store. a.act.token0 % 32 == 0.
 template <typename Group, int NTF>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
   // The token tiles of one row tile are neighbours in the grid, so its weights come from L2 after
@@ -451,7 +472,7 @@ bool matmul_mma_supports(GgmlType t) {
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                        const KernelStream& s) {
   if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matmul_mma: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
-  if (act_q8.token0 % 8 != 0) fail("matmul_mma: the plane view starts at token ", act_q8.token0, ", not a tile");
+  if (act_q8.token0 % 32 != 0) fail("matmul_mma: the plane view starts at token ", act_q8.token0, ", not a tile");
   for (int i = 0; i < n_segs; ++i) {
     if (!matmul_mma_supports(segs[i].w.type))
       fail("matmul_mma: no kernel for weight type ", type_traits(segs[i].w.type).name);
