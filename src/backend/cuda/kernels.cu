@@ -75,10 +75,15 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
 __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                      float* __restrict__ out, int ld_out, int width, float eps,
                                      const Q8Plane q8, int q8_rows) {
-  await_predecessor();
-  __shared__ float red[32];
   const int row = blockIdx.x, b = threadIdx.x;
   const bool valid = b < width / 32;
+  // The weights depend on no earlier kernel: their loads overlap the predecessor's tail (PDL) and
+  // are in registers before the reduction instead of one round trip after it.
+  float4 wv[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) wv[i] = valid ? reinterpret_cast<const float4*>(w + 32 * b)[i] : make_float4(0, 0, 0, 0);
+  await_predecessor();
+  __shared__ float red[32];
   float4 v[8];
   float ss = 0.0f;
 #pragma unroll
@@ -94,7 +99,7 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
   if (valid) {
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float4 wi = reinterpret_cast<const float4*>(w + 32 * b)[i];
+      const float4 wi = wv[i];
       v[i] = make_float4((v[i].x * scale) * wi.x, (v[i].y * scale) * wi.y, (v[i].z * scale) * wi.z,
                          (v[i].w * scale) * wi.w);
       reinterpret_cast<float4*>(out + size_t(row) * ld_out + 32 * b)[i] = v[i];
@@ -130,12 +135,22 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
   const int row = blockIdx.y;
   const int i = blockIdx.x * 256 + threadIdx.x;
   float* yr = out + size_t(row) * width;
-  if (i < width) yr[i] = silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]);
+  const float y = i < width ? silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]) : 0.0f;
+  if (i < width) yr[i] = y;
   if (row >= q8_rows) return;  // uniform over the block
+  // The quantize reads the CTA's 256 values from shared memory, not back from global (one L2
+  // round trip less).
+  __shared__ __align__(16) float tile[256];
+  tile[threadIdx.x] = y;
   __syncthreads();
   if (threadIdx.x >= 32) return;  // warp 0 quantizes (whole warps leave: no barrier follows)
   const int b = blockIdx.x * 8 + threadIdx.x;
-  quantize_q8_group_member(yr + 32 * b, q8, row, b, threadIdx.x < 8 && b < width / 32);
+  const bool valid = threadIdx.x < 8 && b < width / 32;
+  float4 v[8];
+#pragma unroll
+  for (int k = 0; k < 8; ++k)
+    v[k] = valid ? reinterpret_cast<const float4*>(tile + 32 * threadIdx.x)[k] : make_float4(0, 0, 0, 0);
+  quantize_q8_group_values(v, q8, row, b, valid);
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
