@@ -5,8 +5,8 @@ reference that issue 12 measures the prefill GEMM against in the same run.
 
 The shapes come from minfer itself: `minfer synth --preset P --ftype q4_k_m --tokenizer builtin
 --dry-run` lists the tensors; every distinct (matrix, n, k) of layer 0 is timed (types do not
-matter to cuBLAS: the weights are bf16 here). Timing: CUDA events around `reps` launches after a warm-up, median of
-`--repetitions` such runs, TFLOP/s = 2 m n k / time.
+matter to cuBLAS: the weights are bf16 here). Timing: CUDA events around `reps` launches after a
+warm-up, median of `--repetitions` such runs, TFLOP/s = 2 m n k / time.
 Usage: cublas_bf16.py --minfer build/minfer [--presets qwen2.5-7b,qwen2.5-14b] [--m 512,4096]
 Needs torch with CUDA (the GPU machine has it).
 """

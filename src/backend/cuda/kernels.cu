@@ -145,12 +145,7 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
   __syncthreads();
   if (threadIdx.x >= 32) return;  // warp 0 quantizes (whole warps leave: no barrier follows)
   const int b = blockIdx.x * 8 + threadIdx.x;
-  const bool valid = threadIdx.x < 8 && b < width / 32;
-  float4 v[8];
-#pragma unroll
-  for (int k = 0; k < 8; ++k)
-    v[k] = valid ? reinterpret_cast<const float4*>(tile + 32 * threadIdx.x)[k] : make_float4(0, 0, 0, 0);
-  quantize_q8_group_values(v, q8, row, b, valid);
+  quantize_q8_group_member(tile + 32 * threadIdx.x, q8, row, b, threadIdx.x < 8 && b < width / 32);
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
