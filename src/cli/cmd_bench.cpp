@@ -290,9 +290,22 @@ int run_bench(int argc, char** argv) {
       for (int b : bs) {
         Row r{"tg" + std::to_string(n) + (b > 1 ? " x" + std::to_string(b) : "") + at, d, true, n, b, {}};
         bench.generate(std::min(n, 8), b);  // warm-up (captures the decode graph)
+#ifdef MINFER_HAVE_CUDA
+        if (use_cuda) static_cast<cuda::CudaBackend&>(engine.backend()).reset_step_times();
+#endif
         for (int i = 0; i < reps; ++i) r.tps.push_back(double(n) * b / bench.generate(n, b));
         rows.push_back(r);
-        std::fprintf(stderr, "bench: %-20s %10.2f t/s\n", r.test.c_str(), r.median());
+        std::fprintf(stderr, "bench: %-20s %10.2f t/s", r.test.c_str(), r.median());
+#ifdef MINFER_HAVE_CUDA
+        // How much of the wall time the device computes: the rest is the host between steps.
+        if (use_cuda) {
+          const cuda::StepTimes& st = static_cast<cuda::CudaBackend&>(engine.backend()).step_times();
+          const int counted = std::max(st.steps, 1);
+          std::fprintf(stderr, " (a step: device %.3f ms, idle before it %.1f us)",
+                       1e3 * st.device_seconds / counted, 1e6 * st.idle_seconds / std::max(st.steps - 1, 1));
+        }
+#endif
+        std::fprintf(stderr, "\n");
       }
     }
   }

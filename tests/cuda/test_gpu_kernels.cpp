@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 
 #include "backend/cuda/kernels.h"
 #include "quant/canonical_dot.h"
@@ -512,24 +513,35 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
     const auto kf = random_normal(pool, 1.0f, 101), vf = random_normal(pool, 1.0f, 102);
     std::vector<uint16_t> kh(pool), vh(pool);
     for (size_t i = 0; i < pool; ++i) kh[i] = f32_to_f16(kf[i]), vh[i] = f32_to_f16(vf[i]);
-    DeviceBuffer<float> dq(q), out(std::vector<float>(q.size(), NAN));
+    DeviceBuffer<float> dq(q);
     DeviceBuffer<uint16_t> dk(kh), dv(vh);
     DeviceBuffer<int32_t> dpos(positions), dtables(tables), doffsets(offsets);
     DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits)));
-    cuda::AttnParams p;
-    p.q = dq.get();
-    p.out = out.get();
-    p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
-    p.n_head = c.n_head;
-    p.n_tokens = n_tokens;
-    p.positions = dpos.get();
-    p.tables = dtables.get();
-    p.table_offsets = doffsets.get();
-    p.block_size = c.block_size;
-    p.n_splits = c.splits;
-    p.part = part.get();
-    cuda::launch_attention(p, nullptr);
-    const auto o = out.download();
+    // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
+    // many slices, 100000 one block a slice; the bits must not change.
+    auto attend = [&](int sm_count) {
+      DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
+      cuda::AttnParams p;
+      p.q = dq.get();
+      p.out = out.get();
+      p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
+      p.n_head = c.n_head;
+      p.n_tokens = n_tokens;
+      p.positions = dpos.get();
+      p.tables = dtables.get();
+      p.table_offsets = doffsets.get();
+      p.block_size = c.block_size;
+      p.n_splits = c.splits;
+      p.part = part.get();
+      p.sm_count = sm_count;
+      cuda::launch_attention(p, nullptr);
+      return out.download();
+    };
+    const auto o = attend(100000);
+    for (const int sm_count : {1, 3, 132}) {
+      const auto other = attend(sm_count);
+      ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "sm_count " << sm_count << " head_dim " << c.hd;
+    }
     const int G = c.n_head / c.n_kv;
     for (int tk = 0; tk < n_tokens; ++tk) {
       const int len = c.lens[size_t(tk)];

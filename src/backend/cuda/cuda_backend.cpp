@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -90,6 +91,12 @@ struct CudaBackend::Impl {
   std::vector<Launch> eager_launches;
   const std::vector<Launch>* launches = &eager_launches;  // of the last step
   int step = 0;
+
+  // step times: begin and end of the last step (end alternates so the previous one stays readable)
+  StepTimes step_times;
+  Event step_begin;
+  std::array<Event, 2> step_end;
+  bool have_previous_end = false;
 
   // census
   bool census_next = false, timing = false;
@@ -276,6 +283,7 @@ struct CudaBackend::Impl {
     const bool use_graph = f.cuda_graph && !dump && !timing && all_rows_out;
     const int rows = use_graph ? std::min(bucket_rows(n), max_tokens) : n;
     build_io(b, rows - n);
+    check(cudaEventRecord(step_begin.get(), stream.get()), "cudaEventRecord");
     upload_io();
 
     Geometry geo{rows, use_graph ? rows : decode_rows, use_graph ? rows : n_out, int(io.tiles.size())};
@@ -334,7 +342,18 @@ struct CudaBackend::Impl {
                                 cudaMemcpyDeviceToHost, stream.get()),
                 "cudaMemcpyAsync (logits)");
     }
+    const cudaEvent_t end = step_end[size_t(step % 2)].get();
+    check(cudaEventRecord(end, stream.get()), "cudaEventRecord");
     check(cudaStreamSynchronize(stream.get()), "forward");
+    float device_ms = 0, idle_ms = 0;
+    check(cudaEventElapsedTime(&device_ms, step_begin.get(), end), "cudaEventElapsedTime");
+    if (have_previous_end)
+      check(cudaEventElapsedTime(&idle_ms, step_end[size_t((step + 1) % 2)].get(), step_begin.get()),
+            "cudaEventElapsedTime");
+    step_times.steps += 1;
+    step_times.device_seconds += 1e-3 * device_ms;
+    step_times.idle_seconds += 1e-3 * idle_ms;
+    have_previous_end = true;
     ++step;
   }
 
@@ -462,6 +481,7 @@ struct CudaBackend::Impl {
     p.block_size = block_size;
     p.n_splits = decode_splits;
     p.part = attn_part.get();
+    p.sm_count = ctx.sm_count;
     launch_attention(p, s);
   }
 
@@ -560,6 +580,11 @@ void CudaBackend::forward(const StepBatch& batch, StepOutput& out) { impl_->forw
 void CudaBackend::census_next_step() { impl_->census_next = true; }
 const std::vector<Launch>& CudaBackend::last_launches() const { return *impl_->launches; }
 const LoadStats& CudaBackend::load_stats() const { return impl_->stats; }
+const StepTimes& CudaBackend::step_times() const { return impl_->step_times; }
+void CudaBackend::reset_step_times() {
+  impl_->step_times = {};
+  impl_->have_previous_end = false;
+}
 const Fusions& CudaBackend::fusions() const { return impl_->fusions; }
 
 std::vector<KernelTime> CudaBackend::census_result() const {

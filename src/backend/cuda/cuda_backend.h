@@ -19,6 +19,15 @@ struct KernelTime {
   double microseconds = 0;
 };
 
+// Where decode and prompt steps spend their wall time, summed over the forwards since
+// reset_step_times(): the device time of each step (CUDA events from its first upload to its last
+// copy back) and the time the device sat idle before it, waiting for the host to submit it
+// (from the end of the previous step; not counted for the first step after a reset).
+struct StepTimes {
+  int steps = 0;
+  double device_seconds = 0, idle_seconds = 0;
+};
+
 struct LoadStats {
   double upload_seconds = 0;  // mmap -> device, including the pinned staging
   int64_t weight_bytes = 0;
@@ -49,6 +58,8 @@ class CudaBackend final : public Backend {
   // The launches of the last forward (tests look at the fusions the plan chose).
   const std::vector<Launch>& last_launches() const;
   const LoadStats& load_stats() const;
+  const StepTimes& step_times() const;
+  void reset_step_times();
   const Fusions& fusions() const;
 
  private:

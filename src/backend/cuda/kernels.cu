@@ -591,15 +591,16 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
 }
 
 // ---- attention: split-K over the KV length, all q heads of a KV group in one block -------------
-// grid (n_kv_heads, n_splits, n_tokens), 4 warps. A block owns one slice of positions of one KV
-// head and G of its q heads, so each K/V byte is read once for all G. Inside a warp, C = HD / 8
+// grid (n_kv_heads, split CTAs, n_tokens), 4 warps. A block owns G q heads of one KV head and the
+// slices y, y + gridDim.y, ... of its token's positions, so each K/V byte is read once for all G
+// and a short sequence's empty slices cost no block. Inside a warp, C = HD / 8
 // lanes share a position (lane c holds dims 8c..8c+7: one 16-byte load per K or V row chunk, a
 // row read as one contiguous run), the warp covers 32 / C positions per load and keeps U loads of
 // K and V in flight per lane, the next iteration's issued before this one's arithmetic. A score
 // is the xor-butterfly sum over the C lanes (bitwise equal on all of them, so the max and the
 // rescale branch are warp-uniform); scores are kept in the exp2 domain (q is pre-scaled by
-// log2 e). Each warp keeps its own online softmax (m, l, acc); the four
-// warps merge in shared memory and the block writes one partial; attn_combine merges the splits.
+// log2 e). Each warp keeps its own online softmax (m, l, acc); the four warps merge in shared
+// memory and the block writes one partial a slice; attn_combine merges the slices.
 constexpr int kAttnWarps = 4;
 constexpr int kAttnUnroll = 4;
 
@@ -609,6 +610,12 @@ constexpr int kAttnUnroll = 4;
 template <int HD>
 __device__ __forceinline__ int attn_split_chunk(int len, int n_splits) {
   return max((len + n_splits - 1) / n_splits, kAttnWarps * kAttnUnroll * (32 / (HD / 8)));
+}
+// The slices that hold positions.
+template <int HD>
+__device__ __forceinline__ int attn_splits_used(int len, int n_splits) {
+  const int chunk = attn_split_chunk<HD>(len, n_splits);
+  return min(n_splits, (len + chunk - 1) / chunk);
 }
 
 __device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
@@ -627,7 +634,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   constexpr int C = HD / 8, LP = 32 / C, U = kAttnUnroll, PW = U * LP, NW = kAttnWarps;
   __shared__ float red_acc[NW][G][HD];
   __shared__ float red_m[NW][G], red_l[NW][G];
-  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
+  const int kvh = blockIdx.x, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % C, grp = lane / C;
   const int group = p.n_head / p.kv.n_kv_heads;
   const int qh0 = kvh * group + head0;  // first q head of this block
@@ -635,28 +642,14 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   const int32_t* table = p.tables + p.table_offsets[t];
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
   const int chunk = attn_split_chunk<HD>(len, p.n_splits);
-  const int start = split * chunk, end = min(len, start + chunk);
-  if (start >= len) return;  // an empty split (uniform over the block): the combine skips it
+  const int n_used = attn_splits_used<HD>(len, p.n_splits);
   const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
   const int qw = p.n_head * HD;
-
-  float q[G][8];
-#pragma unroll
-  for (int h = 0; h < G; ++h)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) q[h][j] = p.q[size_t(t) * qw + size_t(qh0 + h) * HD + 8 * c + j] * scale;
-  float m[G], l[G], acc[G][8];
-#pragma unroll
-  for (int h = 0; h < G; ++h) {
-    m[h] = -INFINITY;
-    l[h] = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) acc[h][j] = 0.0f;
-  }
   const size_t ld_kv = size_t(p.kv.n_kv_heads) * HD * 2;  // bytes between positions
   const uint8_t* kbase = reinterpret_cast<const uint8_t*>(p.kv.k) + size_t(kvh) * HD * 2 + 16 * c;
   const uint8_t* vbase = reinterpret_cast<const uint8_t*>(p.kv.v) + size_t(kvh) * HD * 2 + 16 * c;
-  auto load = [&](int base, uint4 (&kr)[U], uint4 (&vr)[U]) {
+  // U positions from base of the slice ending at end
+  auto load = [&](int base, int end, uint4 (&kr)[U], uint4 (&vr)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int pos = base + u * LP + grp;
@@ -669,111 +662,134 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
       }
     }
   };
+  const auto slice_end = [&](int split) { return min(len, (split + 1) * chunk); };
+  // The first slice's first loads go out before q's, so their round trips overlap (q's scaling
+  // would otherwise wait for q before the loop issues them).
   uint4 kr[U], vr[U];
-  int base = start + warp * PW;
-  if (base < end) load(base, kr, vr);
-  for (; base < end; base += NW * PW) {
-    uint4 kn[U], vn[U];
-    if (base + NW * PW < end) load(base + NW * PW, kn, vn);  // prefetch the next iteration
-    float s[U][G];
+  if (blockIdx.y < n_used && int(blockIdx.y) * chunk + warp * PW < slice_end(blockIdx.y))
+    load(blockIdx.y * chunk + warp * PW, slice_end(blockIdx.y), kr, vr);
+
+  float q[G][8];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      float k[8];
-      half8_to_float(kr[u], k);
+  for (int h = 0; h < G; ++h)
 #pragma unroll
-      for (int h = 0; h < G; ++h) {
-        float d = 0.0f;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) d = fmaf(q[h][j], k[j], d);
-        s[u][h] = d;
-      }
-    }
-#pragma unroll
-    for (int o = C / 2; o > 0; o >>= 1)
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-#pragma unroll
-        for (int h = 0; h < G; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], o);
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int u = 0; u < U; ++u)
-        if (base + u * LP + grp < end) mx = fmaxf(mx, s[u][h]);
-#pragma unroll
-      for (int o = C; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      if (mx > m[h]) {  // warp-uniform
-        const float corr = exp2f(m[h] - mx);
-        l[h] *= corr;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
-        m[h] = mx;
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const bool valid = base + u * LP + grp < end;
-      float v[8];
-      half8_to_float(vr[u], v);
-#pragma unroll
-      for (int h = 0; h < G; ++h) {
-        const float e = valid ? exp2f(s[u][h] - m[h]) : 0.0f;
-        l[h] += e;
-#pragma unroll
-        for (int j = 0; j < 8; ++j) acc[h][j] = fmaf(e, v[j], acc[h][j]);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      kr[u] = kn[u];
-      vr[u] = vn[u];
-    }
-  }
-  // merge the position groups of the warp (same m on every lane), then the warps of the block
-#pragma unroll
-  for (int o = C; o < 32; o <<= 1)
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-      l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
-    }
-  if (grp == 0) {
-#pragma unroll
-    for (int h = 0; h < G; ++h) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) red_acc[warp][h][8 * c + j] = acc[h][j];
-      if (c == 0) {
-        red_m[warp][h] = m[h];
-        red_l[warp][h] = l[h];
-      }
-    }
-  }
-  __syncthreads();
-  // partial layout: [t][q head][split] x HD acc, then (m, l) pairs in a second array
+    for (int j = 0; j < 8; ++j) q[h][j] = p.q[size_t(t) * qw + size_t(qh0 + h) * HD + 8 * c + j] * scale;
   float* part_acc = p.part;
   float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
-  for (int i = threadIdx.x; i < G * HD; i += NW * 32) {
-    const int h = i / HD, d = i % HD;
-    float mx = -INFINITY;
+  for (int split = blockIdx.y; split < n_used; split += gridDim.y) {  // uniform over the block
+    const int start = split * chunk, end = slice_end(split);
+    float m[G], l[G], acc[G][8];
 #pragma unroll
-    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red_m[w][h]);
-    float a = 0.0f, sum = 0.0f;
-    if (mx > -INFINITY) {
+    for (int h = 0; h < G; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.0f;
 #pragma unroll
-      for (int w = 0; w < NW; ++w) {
-        if (red_l[w][h] == 0.0f) continue;  // a warp that saw no position
-        const float f = exp2f(red_m[w][h] - mx);
-        a += red_acc[w][h][d] * f;
-        sum += red_l[w][h] * f;
+      for (int j = 0; j < 8; ++j) acc[h][j] = 0.0f;
+    }
+    int base = start + warp * PW;
+    if (split != int(blockIdx.y) && base < end) load(base, end, kr, vr);  // the first slice's: above
+    for (; base < end; base += NW * PW) {
+      uint4 kn[U], vn[U];
+      if (base + NW * PW < end) load(base + NW * PW, end, kn, vn);  // prefetch the next iteration
+      float s[U][G];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float k[8];
+        half8_to_float(kr[u], k);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          float d = 0.0f;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) d = fmaf(q[h][j], k[j], d);
+          s[u][h] = d;
+        }
+      }
+#pragma unroll
+      for (int o = C / 2; o > 0; o >>= 1)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int h = 0; h < G; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], o);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+          if (base + u * LP + grp < end) mx = fmaxf(mx, s[u][h]);
+#pragma unroll
+        for (int o = C; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        if (mx > m[h]) {  // warp-uniform
+          const float corr = exp2f(m[h] - mx);
+          l[h] *= corr;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
+          m[h] = mx;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const bool valid = base + u * LP + grp < end;
+        float v[8];
+        half8_to_float(vr[u], v);
+#pragma unroll
+        for (int h = 0; h < G; ++h) {
+          const float e = valid ? exp2f(s[u][h] - m[h]) : 0.0f;
+          l[h] += e;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[h][j] = fmaf(e, v[j], acc[h][j]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        kr[u] = kn[u];
+        vr[u] = vn[u];
       }
     }
-    const size_t idx = (size_t(t) * p.n_head + qh0 + h) * p.n_splits + split;
-    part_acc[idx * HD + d] = a;
-    if (d == 0) {
-      part_ml[2 * idx] = mx;
-      part_ml[2 * idx + 1] = sum;
+    // merge the position groups of the warp (same m on every lane), then the warps of the block
+#pragma unroll
+    for (int o = C; o < 32; o <<= 1)
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[h][j] += __shfl_xor_sync(0xffffffffu, acc[h][j], o);
+      }
+    if (grp == 0) {
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) red_acc[warp][h][8 * c + j] = acc[h][j];
+        if (c == 0) {
+          red_m[warp][h] = m[h];
+          red_l[warp][h] = l[h];
+        }
+      }
     }
+    __syncthreads();
+    // partial layout: [t][q head][split] x HD acc, then (m, l) pairs in a second array
+    for (int i = threadIdx.x; i < G * HD; i += NW * 32) {
+      const int h = i / HD, d = i % HD;
+      float mx = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red_m[w][h]);
+      float a = 0.0f, sum = 0.0f;
+      if (mx > -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < NW; ++w) {
+          if (red_l[w][h] == 0.0f) continue;  // a warp that saw no position
+          const float f = exp2f(red_m[w][h] - mx);
+          a += red_acc[w][h][d] * f;
+          sum += red_l[w][h] * f;
+        }
+      }
+      const size_t idx = (size_t(t) * p.n_head + qh0 + h) * p.n_splits + split;
+      part_acc[idx * HD + d] = a;
+      if (d == 0) {
+        part_ml[2 * idx] = mx;
+        part_ml[2 * idx + 1] = sum;
+      }
+    }
+    __syncthreads();  // red_* are read before the next slice writes them
   }
 }
 
@@ -785,8 +801,7 @@ __global__ void attn_combine_kernel(const AttnParams p) {
   extern __shared__ float ml[];  // m (then the weight) of each split, then l of each split
   const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
   const int len = p.positions[t] + 1;
-  const int chunk = attn_split_chunk<HD>(len, p.n_splits);
-  const int S = min(p.n_splits, (len + chunk - 1) / chunk);  // the splits that hold positions
+  const int S = attn_splits_used<HD>(len, p.n_splits);
   float *w_s = ml, *l_s = ml + S;
   const float* part_acc = p.part;
   const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
@@ -816,9 +831,18 @@ int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n
   return int64_t(n_tokens) * n_head * n_splits * (head_dim + 2);
 }
 
+// The split launch: gridDim.y = the most split CTAs a (KV head, token, head chunk) that fit in one
+// wave (the blocks an SM holds at this kernel's registers, times the SMs), at least one, at most
+// one a slice.
 template <int HD, int G>
-static void launch_attention_split(const AttnParams& p, int head0, const KernelStream& s) {
-  const dim3 grid(p.kv.n_kv_heads, p.n_splits, p.n_tokens);
+static void launch_attention_split(const AttnParams& p, int head0, int head_chunks, int sm_count, const KernelStream& s) {
+  int resident = 0;
+  const cudaError_t e =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, attn_split_kernel<HD, G>, kAttnWarps * 32, 0);
+  if (e != cudaSuccess) fail("attention: occupancy query: ", cudaGetErrorString(e));
+  const int per_split = p.kv.n_kv_heads * p.n_tokens * head_chunks;
+  const int split_ctas = std::clamp(std::max(resident, 1) * sm_count / per_split, 1, p.n_splits);
+  const dim3 grid(p.kv.n_kv_heads, split_ctas, p.n_tokens);
   launch_kernel("attention", attn_split_kernel<HD, G>, grid, kAttnWarps * 32, 0, s, p, head0);
 }
 
@@ -826,16 +850,24 @@ static void launch_attention_split(const AttnParams& p, int head0, const KernelS
 template <int HD>
 static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   const int group = p.n_head / p.kv.n_kv_heads;
+  const int head_chunks = (group + 7) / 8;
+  int sm_count = p.sm_count;
+  if (sm_count <= 0) {
+    int device = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+  }
+  sm_count = std::max(sm_count, 1);
   for (int head0 = 0; head0 < group; head0 += 8) {
     switch (std::min(8, group - head0)) {
-      case 1: launch_attention_split<HD, 1>(p, head0, s); break;
-      case 2: launch_attention_split<HD, 2>(p, head0, s); break;
-      case 3: launch_attention_split<HD, 3>(p, head0, s); break;
-      case 4: launch_attention_split<HD, 4>(p, head0, s); break;
-      case 5: launch_attention_split<HD, 5>(p, head0, s); break;
-      case 6: launch_attention_split<HD, 6>(p, head0, s); break;
-      case 7: launch_attention_split<HD, 7>(p, head0, s); break;
-      default: launch_attention_split<HD, 8>(p, head0, s); break;
+      case 1: launch_attention_split<HD, 1>(p, head0, head_chunks, sm_count, s); break;
+      case 2: launch_attention_split<HD, 2>(p, head0, head_chunks, sm_count, s); break;
+      case 3: launch_attention_split<HD, 3>(p, head0, head_chunks, sm_count, s); break;
+      case 4: launch_attention_split<HD, 4>(p, head0, head_chunks, sm_count, s); break;
+      case 5: launch_attention_split<HD, 5>(p, head0, head_chunks, sm_count, s); break;
+      case 6: launch_attention_split<HD, 6>(p, head0, head_chunks, sm_count, s); break;
+      case 7: launch_attention_split<HD, 7>(p, head0, head_chunks, sm_count, s); break;
+      default: launch_attention_split<HD, 8>(p, head0, head_chunks, sm_count, s); break;
     }
   }
   launch_kernel("attention", attn_combine_kernel<HD>, dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float), s, p);
