@@ -648,7 +648,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   const size_t ld_kv = size_t(p.kv.n_kv_heads) * HD * 2;  // bytes between positions
   const uint8_t* kbase = reinterpret_cast<const uint8_t*>(p.kv.k) + size_t(kvh) * HD * 2 + 16 * c;
   const uint8_t* vbase = reinterpret_cast<const uint8_t*>(p.kv.v) + size_t(kvh) * HD * 2 + 16 * c;
-  // U positions from base of the slice ending at end
+  // U positions of each lane from base, of the slice ending at end
   auto load = [&](int base, int end, uint4 (&kr)[U], uint4 (&vr)[U]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -662,12 +662,6 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
       }
     }
   };
-  const auto slice_end = [&](int split) { return min(len, (split + 1) * chunk); };
-  // The first slice's first loads go out before q's, so their round trips overlap (q's scaling
-  // would otherwise wait for q before the loop issues them).
-  uint4 kr[U], vr[U];
-  if (blockIdx.y < n_used && int(blockIdx.y) * chunk + warp * PW < slice_end(blockIdx.y))
-    load(blockIdx.y * chunk + warp * PW, slice_end(blockIdx.y), kr, vr);
 
   float q[G][8];
 #pragma unroll
@@ -677,7 +671,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   float* part_acc = p.part;
   float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
   for (int split = blockIdx.y; split < n_used; split += gridDim.y) {  // uniform over the block
-    const int start = split * chunk, end = slice_end(split);
+    const int start = split * chunk, end = min(len, start + chunk);
     float m[G], l[G], acc[G][8];
 #pragma unroll
     for (int h = 0; h < G; ++h) {
@@ -686,8 +680,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[h][j] = 0.0f;
     }
+    uint4 kr[U], vr[U];
     int base = start + warp * PW;
-    if (split != int(blockIdx.y) && base < end) load(base, end, kr, vr);  // the first slice's: above
+    if (base < end) load(base, end, kr, vr);
     for (; base < end; base += NW * PW) {
       uint4 kn[U], vn[U];
       if (base + NW * PW < end) load(base + NW * PW, end, kn, vn);  // prefetch the next iteration
