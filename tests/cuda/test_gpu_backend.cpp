@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <cstring>
@@ -507,6 +508,31 @@ TEST(GpuBackend, CensusCountsTheDecodeKernels) {
   EXPECT_EQ(by_name["quantize_q8"], L);  // attn_out only: its producer is attention
   EXPECT_EQ(by_name["argmax"], 1);
   EXPECT_GT(launches, 0);
+}
+
+// The step times count every forward since the reset, with device time that fits in the wall time
+// around them; the first step after a reset has no idle time before it.
+TEST(GpuBackend, StepTimesCountEveryForwardSinceTheReset) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("tiny");
+  auto b = gpu_session(s);
+  const auto tokens = random_tokens(5, s.model.hp.n_vocab, 7);
+  b->eval(tokens);
+  auto& cb = static_cast<cuda::CudaBackend&>(b->engine().backend());
+  cb.reset_step_times();
+  EXPECT_EQ(cb.step_times().steps, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  int32_t next = b->decode_greedy(tokens[0]);
+  EXPECT_EQ(cb.step_times().steps, 1);
+  EXPECT_EQ(cb.step_times().idle_seconds, 0.0);
+  for (int i = 0; i < 4; ++i) next = b->decode_greedy(next);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const cuda::StepTimes& st = cb.step_times();
+  EXPECT_EQ(st.steps, 5);
+  EXPECT_GT(st.device_seconds, 0.0);
+  EXPECT_GT(st.idle_seconds, 0.0);  // the host's turn between steps is never free
+  // Both are intervals inside the host's window (the GPU's clock: 1 % and 0.1 ms of slack).
+  EXPECT_LE(st.idle_seconds + st.device_seconds, wall * 1.01 + 1e-4);
 }
 
 // `minfer batch` on the GPU: --parallel 1 and --parallel 8 write the same greedy lines.
