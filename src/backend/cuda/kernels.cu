@@ -830,13 +830,13 @@ int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n
 // wave (the blocks an SM holds at this kernel's registers, times the SMs), at least one, at most
 // one a slice.
 template <int HD, int G>
-static void launch_attention_split(const AttnParams& p, int head0, int head_chunks, int sm_count, const KernelStream& s) {
+static void launch_attention_split(const AttnParams& p, int head0, int head_chunks, const KernelStream& s) {
   int resident = 0;
   const cudaError_t e =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, attn_split_kernel<HD, G>, kAttnWarps * 32, 0);
   if (e != cudaSuccess) fail("attention: occupancy query: ", cudaGetErrorString(e));
   const int per_split = p.kv.n_kv_heads * p.n_tokens * head_chunks;
-  const int split_ctas = std::clamp(std::max(resident, 1) * sm_count / per_split, 1, p.n_splits);
+  const int split_ctas = std::clamp(std::max(resident, 1) * p.sm_count / per_split, 1, p.n_splits);
   const dim3 grid(p.kv.n_kv_heads, split_ctas, p.n_tokens);
   launch_kernel("attention", attn_split_kernel<HD, G>, grid, kAttnWarps * 32, 0, s, p, head0);
 }
@@ -846,23 +846,16 @@ template <int HD>
 static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   const int group = p.n_head / p.kv.n_kv_heads;
   const int head_chunks = (group + 7) / 8;
-  int sm_count = p.sm_count;
-  if (sm_count <= 0) {
-    int device = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
-  }
-  sm_count = std::max(sm_count, 1);
   for (int head0 = 0; head0 < group; head0 += 8) {
     switch (std::min(8, group - head0)) {
-      case 1: launch_attention_split<HD, 1>(p, head0, head_chunks, sm_count, s); break;
-      case 2: launch_attention_split<HD, 2>(p, head0, head_chunks, sm_count, s); break;
-      case 3: launch_attention_split<HD, 3>(p, head0, head_chunks, sm_count, s); break;
-      case 4: launch_attention_split<HD, 4>(p, head0, head_chunks, sm_count, s); break;
-      case 5: launch_attention_split<HD, 5>(p, head0, head_chunks, sm_count, s); break;
-      case 6: launch_attention_split<HD, 6>(p, head0, head_chunks, sm_count, s); break;
-      case 7: launch_attention_split<HD, 7>(p, head0, head_chunks, sm_count, s); break;
-      default: launch_attention_split<HD, 8>(p, head0, head_chunks, sm_count, s); break;
+      case 1: launch_attention_split<HD, 1>(p, head0, head_chunks, s); break;
+      case 2: launch_attention_split<HD, 2>(p, head0, head_chunks, s); break;
+      case 3: launch_attention_split<HD, 3>(p, head0, head_chunks, s); break;
+      case 4: launch_attention_split<HD, 4>(p, head0, head_chunks, s); break;
+      case 5: launch_attention_split<HD, 5>(p, head0, head_chunks, s); break;
+      case 6: launch_attention_split<HD, 6>(p, head0, head_chunks, s); break;
+      case 7: launch_attention_split<HD, 7>(p, head0, head_chunks, s); break;
+      default: launch_attention_split<HD, 8>(p, head0, head_chunks, s); break;
     }
   }
   launch_kernel("attention", attn_combine_kernel<HD>, dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float), s, p);
@@ -871,6 +864,7 @@ static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
 void launch_attention(const AttnParams& p, const KernelStream& s) {
   if (p.n_tokens <= 0) return;
   if (p.n_head % p.kv.n_kv_heads != 0) fail("attention: n_head ", p.n_head, " % n_kv ", p.kv.n_kv_heads);
+  if (p.sm_count <= 0) fail("attention: the device's multiprocessor count ", p.sm_count, " is not positive");
   if (p.block_size <= 0 || (p.block_size & (p.block_size - 1)) != 0)
     fail("attention: KV block size ", p.block_size, " is not a power of two");
   switch (p.kv.head_dim) {

@@ -174,7 +174,7 @@ struct AttnParams {
   // boundaries depend only on the length, so a token's bits do not depend on the batch.
   int n_splits = 1;
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
-  int sm_count = 0;  // of the device, for the split launch's wave (0: asked from the current device)
+  int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
 };
 int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits);
 void launch_attention(const AttnParams& p, const KernelStream& s);
