@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string_view>
 #include <utility>
 
 #include "backend/cuda/kernels.h"
@@ -351,9 +352,12 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
 // decode matmul kernels and several tokens at different positions and cache slots.
 TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
-  const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_slots = 64, n = 3;
+  const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_slots = 64;
   const int qw = n_head * hd, kvw = n_kv * hd;
-  for (bool mma : {false, true}) {
+  // 3 tokens: one token fragment; 40: two 32-token tiles (warpgroup MMA for the q4_K q and k)
+  for (const auto& [kernel, n] : {std::pair{"matvec", 3}, {"mma", 3}, {"matvec", 40}, {"mma", 40}, {"mma without wgmma", 40}}) {
+    const bool mma = std::string_view(kernel) != "matvec";
+    const ScopedEnv wgmma_switch("MINFER_NO_WGMMA_DECODE", std::string_view(kernel) == "mma without wgmma" ? "1" : "0");
     for (bool neox : {true, false}) {
       const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
       const int widths[3] = {qw, kvw, kvw};
@@ -369,7 +373,12 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       std::vector<float> inv(static_cast<size_t>(hd / 2));
       for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e6, -2.0 * j / hd));
       DeviceBuffer<float> dinv(inv);
-      DeviceBuffer<int32_t> pos(std::vector<int32_t>{11, 3, 700}), slots(std::vector<int32_t>{40, 7, 63});
+      std::vector<int32_t> positions(static_cast<size_t>(n)), slot_of(static_cast<size_t>(n));
+      for (int t = 0; t < n; ++t) {
+        positions[size_t(t)] = (11 + 389 * t) % 1000;
+        slot_of[size_t(t)] = (40 + 7 * t) % n_slots;  // distinct: 7 is prime to 64
+      }
+      DeviceBuffer<int32_t> pos(positions), slots(slot_of);
       DeviceBuffer<uint16_t> k1(static_cast<size_t>(n_slots * kvw)), v1(static_cast<size_t>(n_slots * kvw)),
           k2(static_cast<size_t>(n_slots * kvw)), v2(static_cast<size_t>(n_slots * kvw));
       DeviceBuffer<float> q1(static_cast<size_t>(n * qw)), q2(static_cast<size_t>(n * qw)), kf(static_cast<size_t>(n * kvw)),
@@ -407,9 +416,9 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       cuda::launch_rope(kf.get(), kvw, n, n_kv, extra.rope, pos.get(), nullptr);
       cuda::launch_kv_append(kf.get(), vf.get(), n, {k2.get(), v2.get(), n_kv, hd}, slots.get(), nullptr);
       const auto a = q1.download(), b = q2.download();
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << (mma ? "mma" : "matvec");
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << kernel << " " << n;
       const auto ka = k1.download(), kb = k2.download(), va = v1.download(), vb = v2.download();
-      for (int slot : {40, 7, 63}) {
+      for (int slot : slot_of) {
         ASSERT_EQ(std::memcmp(ka.data() + slot * kvw, kb.data() + slot * kvw, size_t(kvw) * 2), 0) << slot;
         ASSERT_EQ(std::memcmp(va.data() + slot * kvw, vb.data() + slot * kvw, size_t(kvw) * 2), 0) << slot;
       }
@@ -442,8 +451,10 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     DeviceBuffer<uint8_t> dw(wq);
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
-    for (bool mma : {false, true})
+    for (const char* kernel : {"matvec", "mma", "mma without wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 64, 70}) {
+        const bool mma = kernel[0] == 'm' && kernel[1] == 'm';
+        const ScopedEnv wgmma_switch("MINFER_NO_WGMMA_DECODE", std::string_view(kernel) == "mma without wgmma" ? "1" : "0");
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
         seg.bias = dbias.get();
@@ -456,7 +467,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
           cuda::launch_matvec(&seg, 1, dxq.plane, nullptr, sh.cols, n, {}, nullptr);
         const auto got = dout.download();
         for (size_t i = 0; i < size_t(n) * sh.rows; ++i)
-          ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << (mma ? " mma" : " matvec")
+          ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << " " << kernel
                                      << " tokens " << n << " output " << i;
       }
   }

@@ -25,6 +25,8 @@
 // both operands; 4tid..4tid+3 of each half for k16), which leaves the integer sum unchanged and
 // lets each thread load contiguous bytes.
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
@@ -463,6 +465,291 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
     launch_ntf<Group, 4>(a, grid, s);
 }
 
+
+// ---- q4_K at 32 tokens a CTA on warpgroup MMA (wgmma, sm_90a) -------------------------------------
+// A CTA of two warpgroups owns 64 rows (four 16-row sub-tiles, warp w of a warpgroup the rows of
+// sub-tile w, exactly as one mma kernel's tile) and a 32-token tile of the plane. The canonical
+// tree pairs the streams (0,4) (2,6) | (1,5) (3,7) (quant_device.cuh stream_tree), so warpgroup
+// k sums the streams 2s + k: the groups g = k, k + 2, ... in order, group g into slot s = (g / 2) % 4,
+// and its half of the tree, (slot 0 + slot 2) + (slot 1 + slot 3), is one operand of the last add.
+// Each group's 8 KB tile of the plane is copied to shared memory (cp.async, three stages a
+// warpgroup) in the layout a wgmma B operand reads (K-major core matrices of 8 tokens x 16 bytes),
+// and shared by the warpgroup's 64 rows. The sub-block scale is folded into the A operand: with
+// sc = 8 hi + lo (hi, lo < 8) a nibble times hi or lo fits an int8, so two products accumulate
+// S_hi = sum_j hi_j isum_j and S_lo over the whole group on the tensor cores and S = 8 S_hi + S_lo
+// exactly; a third adds M = sum_j m_j asum_j as the mma kernel does. The integer sums, and so every
+// output bit, are those of the canonical order.
+namespace wg {
+
+constexpr int kThreads = 256;
+constexpr int kTileRows = 64;
+constexpr int kStages = 3;
+constexpr int kStageBytes = 8 * 1024;  // a group's 32-token tile: 8 sub-blocks x 4 fragments x 256 B
+// Each thread's stream slots live in shared memory ([warpgroup][slot][value][thread]): in registers
+// the kernel needs more than 255.
+constexpr int kStreamBytes = 2 * 4 * 16 * 128 * 4;
+constexpr int kSmemBytes = 2 * kStages * kStageBytes + kStreamBytes;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+// B operand descriptor of one sub-block (32 tokens x 32 bytes): no swizzle, core matrix (token
+// fragment f, 16-byte half h) at f * 256 + h * 128. Leading byte offset = the next half along K,
+// stride byte offset = the next 8 tokens.
+__device__ __forceinline__ uint64_t b_descriptor(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(256 >> 4) << 32);
+}
+
+__device__ __forceinline__ void fence_operand(int& r) { asm volatile("" : "+r"(r)::"memory"); }
+
+// d (+)= A (64 x 32 s8, registers: the mma.m16n8k32 A fragment of each warp's 16 rows) x B (32 x 32
+// s8 from shared memory). accumulate == 0 overwrites d.
+__device__ __forceinline__ void wgmma_m64n32k32(int (&d)[16], const uint32_t (&a)[4], uint64_t desc, int accumulate) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.s32.s8.s8 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "{%16, %17, %18, %19}, %20, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]), "+r"(d[7]), "+r"(d[8]),
+        "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]), "+r"(d[14]), "+r"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(accumulate));
+#endif
+}
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all_but_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+__device__ __forceinline__ void warpgroup_barrier(int wg) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the copies, seen by the tensor cores
+  asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+}
+
+// One thread's two rows (R[0] = sub-tile row gid, R[1] = gid + 8) of one q4_K group: the header
+// as GroupQK45 unpacks it, with each sub-block scale split into hi (sc >> 3) and lo (sc & 7), and
+// the quants of the mma A layout (elements 4 tid .. + 3 and 16 + 4 tid .. + 3 of each sub-block).
+struct Q4KRows {
+  uint4 header[2];      // [row]: d, dmin, the 12 packed scale bytes
+  uint32_t qs[2][4][2];  // [row][pair][half]
+  // Loads only: the registers are used a group later, so nothing waits on them here.
+  __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
+    const int nsb = m.cols / 256;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint8_t* b = m.data + (size_t(R[r]) * nsb + g) * 144;
+      header[r] = ld16(b);
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        qs[r][p][0] = ldg_word(b + 16 + 32 * p + 4 * tid);
+        qs[r][p][1] = ldg_word(b + 16 + 32 * p + 16 + 4 * tid);
+      }
+    }
+  }
+};
+// A group's scales as the operands want them: each sub-block scale split into hi (sc >> 3) and lo
+// (sc & 7), the mins, one byte each.
+struct Q4KScales {
+  uint32_t hi[2][2], lo[2][2];  // [row][j / 4]: byte j % 4
+  uint32_t mins[2][2];          // [row][j / 4]: m_j, byte j % 4
+  __device__ explicit Q4KScales(const Q4KRows& w) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint4 raw = w.header[r];
+      const uint32_t sc_lo4 = raw.y & 0x3F3F3F3Fu, sc_hi4 = (raw.w & 0x0F0F0F0Fu) | ((raw.y >> 2) & 0x30303030u);
+      hi[r][0] = (sc_lo4 >> 3) & 0x07070707u;
+      lo[r][0] = sc_lo4 & 0x07070707u;
+      hi[r][1] = (sc_hi4 >> 3) & 0x07070707u;
+      lo[r][1] = sc_hi4 & 0x07070707u;
+      mins[r][0] = raw.z & 0x3F3F3F3Fu;
+      mins[r][1] = ((raw.w >> 4) & 0x0F0F0F0Fu) | ((raw.z >> 2) & 0x30303030u);
+    }
+  }
+  // Sub-block j's three A operands: nibbles x hi, nibbles x lo, m_j in every byte.
+  __device__ void operands(const Q4KRows& w, int j, uint32_t (&a_hi)[4], uint32_t (&a_lo)[4], uint32_t (&a_m)[4]) const {
+    const int p = j / 2, shift = 4 * (j & 1), byte = j % 4, half = j / 4;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i & 1;
+      const uint32_t q = (w.qs[r][p][i / 2] >> shift) & 0x0F0F0F0Fu;
+      a_hi[i] = q * ((hi[r][half] >> (8 * byte)) & 0xFFu);
+      a_lo[i] = q * ((lo[r][half] >> (8 * byte)) & 0xFFu);
+      a_m[i] = __byte_perm(mins[r][half], 0, 0x1111 * byte);
+    }
+  }
+};
+
+// REQUIRES: blockDim.x == kThreads, kSmemBytes of dynamic shared memory; gridDim.x = the segments'
+// 64-row tiles (first_block) times ceil(n_tokens / 32); every segment is q4_K; a.act.token0 % 32 == 0.
+// Every thread reaches every barrier: the warpgroups' loops run the same trip counts for all their
+// threads, rows and tokens past the end are computed on clamped indices and dropped at the store.
+__global__ void __launch_bounds__(kThreads, 1) matmul_wgmma_q4k_kernel(const __grid_constant__ MmaArgs a) {
+  extern __shared__ __align__(1024) uint8_t smem[];
+  const int n_token_tiles = (a.n_tokens + 31) / 32;
+  const int row_tile = int(blockIdx.x) / n_token_tiles;
+  int si = 0;
+  while (si + 1 < a.n_segs && row_tile >= a.first_block[si + 1]) ++si;
+  const MatSeg& seg = a.seg[si];
+  const DevMat& m = seg.w;
+  const int wg = threadIdx.x / 128, wt = threadIdx.x % 128, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
+  const int sub_tile = (row_tile - a.first_block[si]) * 4 + wt / 32;
+  const Tokens tok{a.act, int(blockIdx.x) % n_token_tiles * 32, a.n_tokens - 1};
+  int R[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    int j;
+    bool ok;
+    tile_row(seg, a.extra, sub_tile, gid + 8 * r, R[r], j, ok);
+  }
+  const int n_groups = m.cols / 256;
+  const int n_mine = (n_groups - wg + 1) / 2;  // groups wg, wg + 2, ...
+  const uint8_t* plane_tile = tok.plane.block_quants(tok.first, 0);
+  uint8_t* ring = smem + wg * kStages * kStageBytes;
+  // Group i of this warpgroup into stage i % 3; chunk c (16 bytes) of token n, half h of fragment f
+  // of sub-block j goes to the core-matrix layout of b_descriptor. An empty commit past the end
+  // keeps one commit group per step.
+  auto copy_group = [&](int i) {
+    if (i < n_mine) {
+      const uint8_t* src = plane_tile + size_t(wg + 2 * i) * kStageBytes;
+      const uint32_t dst = smem_addr(ring + (i % kStages) * kStageBytes);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int c = wt + 128 * k, cc = c % 64;
+        cp_async16(dst + (c / 64) * 1024 + (cc / 16) * 256 + (cc % 2) * 128 + (cc % 16 / 2) * 16, src + 16 * c);
+      }
+    }
+    cp_async_commit();
+  };
+
+  // The group being multiplied and the next one (loaded while this one is multiplied).
+  Q4KRows w[2];
+  if (n_mine > 0) w[0].load(m, R, wg, tid);
+  await_predecessor();
+  copy_group(0);
+  copy_group(1);
+  float* slots = reinterpret_cast<float*>(smem + 2 * kStages * kStageBytes) + wg * 4 * 16 * 128 + wt;
+  for (int k = 0; k < 4 * 16; ++k) slots[k * 128] = 0.0f;
+  int s_hi[16] = {}, s_lo[16] = {}, mm[16] = {};
+
+  for (int i0 = 0; i0 < n_mine; i0 += 2) {
+#pragma unroll
+    for (int parity = 0; parity < 2; ++parity) {
+      const int i = i0 + parity, g = wg + 2 * i;
+      if (i >= n_mine) break;
+      const Q4KRows& cur = w[parity];
+      if (i + 1 < n_mine) w[1 - parity].load(m, R, g + 2, tid);
+      if (i + 2 < n_mine) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          if (64 * tid < 144) prefetch_l2(GroupQK45<false>::group_base(m, R[r], g + 4) + 64 * tid);
+      }
+      float da[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) da[k] = tok.scale(8 * (k / 2) + 2 * tid + k % 2, g);
+      cp_async_wait_all_but_one();
+      warpgroup_barrier(wg);
+      copy_group(i + 2);
+      const uint32_t stage = smem_addr(ring + (i % kStages) * kStageBytes);
+      const Q4KScales sc(cur);
+      uint32_t a_hi[2][4], a_lo[2][4], a_m[2][4];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (j >= 2) wgmma_wait<1>();  // sub-block j - 2's products have read their A registers
+        sc.operands(cur, j, a_hi[j % 2], a_lo[j % 2], a_m[j % 2]);
+        wgmma_fence();
+        const uint64_t desc = b_descriptor(stage + j * 1024);
+        wgmma_m64n32k32(s_hi, a_hi[j % 2], desc, j > 0);
+        wgmma_m64n32k32(s_lo, a_lo[j % 2], desc, j > 0);
+        wgmma_m64n32k32(mm, a_m[j % 2], desc, j > 0);
+        wgmma_commit();
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        fence_operand(s_hi[e]);
+        fence_operand(s_lo[e]);
+        fence_operand(mm[e]);
+      }
+      float* slot = slots + (i % 4) * 16 * 128;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) {
+        const int r = (e >> 1) & 1;
+        const float t = group_term_qk(h2f(uint16_t(cur.header[r].x)), h2f(uint16_t(cur.header[r].x >> 16)), 8 * s_hi[e] + s_lo[e],
+                                      mm[e], da[2 * (e >> 2) + (e & 1)]);
+        slot[e * 128] = __fadd_rn(slot[e * 128], t);
+      }
+    }
+  }
+
+  // This warpgroup's half of the canonical tree; warpgroup 1 hands its half to warpgroup 0.
+  float half_tree[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const float* v = slots + e * 128;
+    half_tree[e] = __fadd_rn(__fadd_rn(v[0], v[2 * 16 * 128]), __fadd_rn(v[16 * 128], v[3 * 16 * 128]));
+  }
+  float* red = reinterpret_cast<float*>(smem + 2 * kStages * kStageBytes);  // warpgroup 0's slot 0
+  __syncthreads();
+  if (wg == 1)
+#pragma unroll
+    for (int e = 0; e < 16; ++e) red[e * 128 + wt] = half_tree[e];
+  __syncthreads();
+  if (wg == 0) {
+    int r0, r1, rope_j, unused;
+    bool ok0, ok1;
+    tile_row(seg, a.extra, sub_tile, gid, r0, rope_j, ok0);
+    tile_row(seg, a.extra, sub_tile, gid + 8, r1, unused, ok1);
+#pragma unroll
+    for (int e = 0; e < 16; ++e) half_tree[e] = __fadd_rn(half_tree[e], red[e * 128 + wt]);
+#pragma unroll
+    for (int nf = 0; nf < 4; ++nf)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int t = tok.first + 8 * nf + 2 * tid + k;
+        if (t < a.n_tokens && ok0) store_pair(seg, a.extra, t, r0, r1, rope_j, ok1, half_tree[4 * nf + k], half_tree[4 * nf + 2 + k]);
+      }
+  }
+}
+
+void launch_q4k(const MmaArgs& args, int row_tiles, const KernelStream& s) {
+  const cudaError_t e =
+      cudaFuncSetAttribute(matmul_wgmma_q4k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (e != cudaSuccess) fail("matmul_wgmma: cannot set the shared-memory size: ", cudaGetErrorString(e));
+  const int grid = row_tiles * ((args.n_tokens + 31) / 32);
+  launch_kernel("matmul_wgmma_q4k", matmul_wgmma_q4k_kernel, grid, kThreads, kSmemBytes, s, args);
+}
+
+}  // namespace wg
+
+// q4_K at more than 16 tokens runs on warpgroup MMA where the device has it (the sm_90a code of
+// this build), unless MINFER_NO_WGMMA_DECODE=1 (read at every launch, so tests can compare both).
+bool wgmma_decode_enabled(int ctas) {
+  const char* off = std::getenv("MINFER_NO_WGMMA_DECODE");
+  if (off && *off && std::string_view(off) != "0") return false;
+  int device = 0, major = 0, minor = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const char* min_waves = std::getenv("MINFER_WGMMA_MIN_WAVES");
+  return major == 9 && minor == 0 && ctas >= (min_waves ? std::atoi(min_waves) : 4) * sms;
+}
+
 }  // namespace
 
 bool matmul_mma_supports(GgmlType t) {
@@ -500,6 +787,21 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
     a.act = act_q8;
     a.n_tokens = n_tokens;
     a.extra = extra;
+    if (type == GgmlType::Q4_K && n_tokens > 16 && wgmma_decode_enabled(row_tiles / 4 * ((n_tokens + 31) / 32))) {
+      a.n_segs = 0;
+      int wg_tiles = 0;
+      for (int i = first; i < n_segs; ++i) {
+        if (segs[i].w.type != type) continue;
+        a.seg[a.n_segs] = segs[i];
+        a.first_block[a.n_segs++] = wg_tiles;
+        const bool roped = segs[i].epi == Epilogue::RopeQ || segs[i].epi == Epilogue::RopeK;
+        const int sub_tiles = roped ? (segs[i].w.rows / 2 + 7) / 8 : (segs[i].w.rows + kTileRows - 1) / kTileRows;
+        wg_tiles += (sub_tiles + 3) / 4;
+      }
+      a.first_block[a.n_segs] = wg_tiles;
+      wg::launch_q4k(a, wg_tiles, s);
+      continue;
+    }
     switch (type) {
       case GgmlType::Q4_K: launch_group<GroupQK45<false>>(a, row_tiles, s); break;
       case GgmlType::Q5_K: launch_group<GroupQK45<true>>(a, row_tiles, s); break;
