@@ -3,9 +3,6 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <optional>
-#include <string>
 #include <vector>
 
 #include "backend/backend.h"
@@ -46,25 +43,6 @@ class DeviceBuffer {
  private:
   void* p_ = nullptr;
   size_t n_;
-};
-
-// Sets an environment variable for one scope, then restores what the caller had.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (previous_) setenv(name_, previous_->c_str(), 1);
-    else unsetenv(name_);
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
 };
 
 }  // namespace minfer::test

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <limits>
 #include <random>
-#include <string_view>
 #include <utility>
 
 #include "backend/cuda/kernels.h"
@@ -354,10 +353,8 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
   const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_slots = 64;
   const int qw = n_head * hd, kvw = n_kv * hd;
-  // 3 tokens: one token fragment; 40: two 32-token tiles (warpgroup MMA for the q4_K q and k)
-  for (const auto& [kernel, n] : {std::pair{"matvec", 3}, {"mma", 3}, {"matvec", 40}, {"mma", 40}, {"mma without wgmma", 40}}) {
-    const bool mma = std::string_view(kernel) != "matvec";
-    const ScopedEnv wgmma_switch("MINFER_NO_WGMMA_DECODE", std::string_view(kernel) == "mma without wgmma" ? "1" : "0");
+  // 3 tokens: one token fragment; 40: a 32-token tile and a part of the next
+  for (const auto& [mma, n] : {std::pair{false, 3}, {true, 3}, {false, 40}, {true, 40}}) {
     for (bool neox : {true, false}) {
       const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
       const int widths[3] = {qw, kvw, kvw};
@@ -416,7 +413,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       cuda::launch_rope(kf.get(), kvw, n, n_kv, extra.rope, pos.get(), nullptr);
       cuda::launch_kv_append(kf.get(), vf.get(), n, {k2.get(), v2.get(), n_kv, hd}, slots.get(), nullptr);
       const auto a = q1.download(), b = q2.download();
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << kernel << " " << n;
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << (mma ? "mma " : "matvec ") << n << " tokens";
       const auto ka = k1.download(), kb = k2.download(), va = v1.download(), vb = v2.download();
       for (int slot : slot_of) {
         ASSERT_EQ(std::memcmp(ka.data() + slot * kvw, kb.data() + slot * kvw, size_t(kvw) * 2), 0) << slot;
@@ -451,10 +448,8 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     DeviceBuffer<uint8_t> dw(wq);
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
-    for (const char* kernel : {"matvec", "mma", "mma without wgmma"})
+    for (bool mma : {false, true})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 64, 70}) {
-        const bool mma = kernel[0] == 'm' && kernel[1] == 'm';
-        const ScopedEnv wgmma_switch("MINFER_NO_WGMMA_DECODE", std::string_view(kernel) == "mma without wgmma" ? "1" : "0");
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
         seg.bias = dbias.get();
@@ -467,7 +462,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
           cuda::launch_matvec(&seg, 1, dxq.plane, nullptr, sh.cols, n, {}, nullptr);
         const auto got = dout.download();
         for (size_t i = 0; i < size_t(n) * sh.rows; ++i)
-          ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << " " << kernel
+          ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << (mma ? " mma" : " matvec")
                                      << " tokens " << n << " output " << i;
       }
   }

@@ -9,11 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "backend/cuda/prefill.h"
-#include "gpu_support.h"
 #include "prefill_test_data.h"
 #include "quant/quant.h"
 #include "../support.h"
@@ -22,7 +22,6 @@
 
 namespace minfer {
 namespace {
-using test::ScopedEnv;
 
 using cuda::PrefillAttention;
 using cuda::PrefillGemm;
@@ -192,6 +191,25 @@ TEST(PrefillGemm, BiasResidualAndStrides) {
   run_gemm_case({GgmlType::Q4_K, 37, 130, 1024, 0, true, true, 24, 6, 4, true}, 7004);
   run_gemm_case({GgmlType::Q8_0, 65, 66, 320, 128, true, false, 0, 2, 5, true}, 7005);
 }
+
+// Sets an environment variable for one scope, then restores what the caller had.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) previous_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (previous_) setenv(name_, previous_->c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> previous_;
+};
 
 TEST(PrefillGemm, AutomaticSplitKOnlyForSmallGrids) {
   REQUIRE_DEVICE();
