@@ -107,6 +107,30 @@ TEST(Engine, AStepChecksItsInput) {
   EXPECT_THROW(step.run(), Error);  // a token outside the vocabulary
 }
 
+// A step's logits live in the backend until the next forward: reading them after another step
+// ran on the engine is an error, not a read of that step's rows.
+TEST(Engine, LogitsAreReadableUntilTheNextStep) {
+  EngineOptions eo;
+  eo.backend = BackendKind::Cpu;
+  eo.n_threads = 2;
+  eo.max_tokens = 8;
+  eo.block_size = 4;
+  eo.n_blocks = 4;
+  Engine engine(model(), eo);
+  KvPool::Sequence a(engine.kv()), b(engine.kv());
+  const std::vector<int32_t> ta = {1, 2}, tb = {3};
+  Step first(engine), second(engine);
+  ASSERT_EQ(first.add(a, ta, false, Step::Output::Last, true), 0);
+  first.run();
+  const std::vector<float> kept(first.logits(0).begin(), first.logits(0).end());
+  ASSERT_EQ(kept.size(), size_t(model().hp.n_vocab));
+  ASSERT_EQ(second.add(b, tb, false, Step::Output::Last, true), 0);
+  second.run();
+  EXPECT_THROW(first.logits(0), Error);
+  EXPECT_EQ(second.logits(0).size(), size_t(model().hp.n_vocab));
+  EXPECT_NE(std::vector<float>(second.logits(0).begin(), second.logits(0).end()), kept);  // another prompt
+}
+
 // A sequence's greedy tokens and logits are the same alone as among 11 others, with its prompt cut
 // into chunks that share steps with other sequences' decode tokens.
 TEST(Batching, GreedyStreamsDoNotDependOnTheBatch) {

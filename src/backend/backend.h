@@ -38,7 +38,9 @@ struct StepBatch {
 
 struct StepOutput {
   std::vector<int32_t> argmax;  // one per output row (first index on ties)
-  std::vector<float> logits;    // n_vocab floats per output row whose copy_logits flag is set
+  // n_vocab floats per output row whose copy_logits flag is set, in memory the backend owns (the
+  // CUDA backend's is page-locked, so the copy runs at the link's rate): valid until its next forward.
+  std::span<const float> logits;
 };
 
 struct BlockCopy {

@@ -69,6 +69,11 @@ int Step::add(KvPool::Sequence& seq, std::span<const int32_t> tokens, bool decod
   return int(items_.size()) - 1;
 }
 
+void Engine::forward(const StepBatch& batch, StepOutput& out) {
+  backend_->forward(batch, out);
+  ++forwards_;
+}
+
 void Step::run() {
   if (items_.empty()) fail("a step with no tokens");
   batch_tokens_.clear();
@@ -95,7 +100,8 @@ void Step::run() {
       row += it.n_tokens;
     }
   }
-  engine_.backend().forward({batch_tokens_, chunks_, output_rows_, copy_logits_}, out_);
+  engine_.forward({batch_tokens_, chunks_, output_rows_, copy_logits_}, out_);
+  ran_as_ = engine_.forwards();
   for (Item& it : items_) it.seq->advance(it.n_tokens);
 }
 
@@ -114,8 +120,10 @@ std::span<const int32_t> Step::argmax(int item) const {
 std::span<const float> Step::logits(int item) const {
   const Item& it = items_.at(size_t(item));
   if (!it.logits) fail("step item ", item, " did not ask for logits");
+  if (ran_as_ != engine_.forwards())
+    fail("internal error: step item ", item, "'s logits were read after another step ran on the engine");
   const size_t v = size_t(engine_.model().hp.n_vocab);
-  return std::span<const float>(out_.logits).subspan(size_t(it.first_logits) * v, size_t(it.n_outputs) * v);
+  return out_.logits.subspan(size_t(it.first_logits) * v, size_t(it.n_outputs) * v);
 }
 
 }  // namespace minfer

@@ -45,6 +45,9 @@ class Engine {
   KvPool& kv() { return kv_; }
   const std::string& backend_name() const { return backend_name_; }
   int max_tokens() const { return backend_->max_tokens(); }
+  // The backend's forward, counted: a step's logits live in the backend until the next one.
+  void forward(const StepBatch& batch, StepOutput& out);
+  uint64_t forwards() const { return forwards_; }
 
   // Bytes a pool of n_blocks blocks plus buffers for max_tokens would take on this backend.
   static int64_t memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens);
@@ -55,6 +58,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   KvPool kv_;
   std::string backend_name_;
+  uint64_t forwards_ = 0;
 };
 
 // One forward step under construction. Add work, then run it; afterwards each item's outputs are
@@ -76,7 +80,8 @@ class Step {
   void run();
   void clear();
 
-  // After run(): argmax of the item's output rows, and their logits (n_vocab each) if requested.
+  // After run(): argmax of the item's output rows, and their logits (n_vocab each) if requested;
+  // the logits only until the next step runs on the engine (an error after that).
   std::span<const int32_t> argmax(int item) const;
   std::span<const float> logits(int item) const;
 
@@ -96,6 +101,7 @@ class Step {
   std::vector<int32_t> tokens_;
   int n_tokens_ = 0;
   StepOutput out_;
+  uint64_t ran_as_ = 0;  // engine_.forwards() after this step's run
   // assembled by run()
   std::vector<int32_t> batch_tokens_, output_rows_;
   std::vector<uint8_t> copy_logits_;

@@ -142,12 +142,15 @@ class CpuBackend final : public Backend {
 
     const size_t vocab = size_t(hp.n_vocab);
     result.argmax.clear();
-    result.logits.clear();
+    wanted_logits_.clear();
+    const bool all_wanted = std::all_of(batch.copy_logits.begin(), batch.copy_logits.end(), [](uint8_t c) { return c != 0; });
     for (size_t r = 0; r < batch.output_rows.size(); ++r) {
       const std::span<const float> row(logits_.data() + r * vocab, vocab);
       result.argmax.push_back(argmax(row));
-      if (batch.copy_logits[r]) result.logits.insert(result.logits.end(), row.begin(), row.end());
+      if (batch.copy_logits[r] && !all_wanted) wanted_logits_.insert(wanted_logits_.end(), row.begin(), row.end());
     }
+    result.logits = all_wanted ? std::span<const float>(logits_.data(), batch.output_rows.size() * vocab)
+                               : std::span<const float>(wanted_logits_);
   }
 
  private:
@@ -177,7 +180,7 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [n_blocks * block_size][kv width]
   std::vector<BlockQ8Pad40> scratch_;
   std::vector<int32_t> positions_;
-  std::vector<float> gathered_, logits_;
+  std::vector<float> gathered_, logits_, wanted_logits_;  // wanted_logits_: the flagged rows, when not all are
   int n_blocks_ = 0, block_size_ = 0, max_tokens_ = 0, step_ = 0;
 };
 
