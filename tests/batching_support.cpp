@@ -72,4 +72,59 @@ std::vector<GreedyStream> greedy_together(const Model& model, const BackendFacto
   return out;
 }
 
+namespace {
+// The backend, counting the draws the steps ask of it.
+class DrawCounter : public Backend {
+ public:
+  DrawCounter(std::unique_ptr<Backend> inner, int64_t& draws) : inner_(std::move(inner)), draws_(draws) {}
+  std::string name() const override { return inner_->name(); }
+  int64_t kv_block_bytes(int block_size) const override { return inner_->kv_block_bytes(block_size); }
+  int64_t workspace_bytes(int max_tokens) const override { return inner_->workspace_bytes(max_tokens); }
+  int64_t memory_available() const override { return inner_->memory_available(); }
+  void reserve(int n_blocks, int block_size, int max_tokens) override { inner_->reserve(n_blocks, block_size, max_tokens); }
+  int max_tokens() const override { return inner_->max_tokens(); }
+  void copy_blocks(std::span<const BlockCopy> copies) override { inner_->copy_blocks(copies); }
+  void forward(const StepBatch& batch, StepOutput& out) override {
+    draws_ += int64_t(batch.draws.size());
+    inner_->forward(batch, out);
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  int64_t& draws_;
+};
+}  // namespace
+
+SampledStreams sampled_streams(const Model& model, const BackendFactory& backend,
+                               const std::vector<std::vector<int32_t>>& prompts, int n_gen, int max_seqs,
+                               const SamplerParams& sampling, bool want_logits) {
+  SampledStreams result;
+  EngineOptions eo;
+  eo.max_tokens = 64;
+  eo.block_size = 16;
+  int longest = 0;
+  for (const auto& p : prompts) longest = std::max(longest, int(p.size()));
+  eo.n_blocks = int(prompts.size()) * ((longest + n_gen + 15) / 16 + 1);
+  Engine engine(model, eo, std::make_unique<DrawCounter>(backend(model), result.backend_draws));
+  Scheduler scheduler(engine, {max_seqs, 0, {}});
+  std::vector<std::vector<int32_t>>& out = result.tokens;
+  out.resize(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    Request r;
+    r.prompt = prompts[i];
+    r.max_tokens = n_gen;
+    r.ignore_eos = true;
+    r.sampling = sampling;
+    r.sampling.seed = sampling.seed + i;
+    r.want_logits = want_logits;
+    r.on_token = [&out, i](int, int32_t token, std::span<const float>) {
+      out[i].push_back(token);
+      return true;
+    };
+    scheduler.submit(std::move(r));
+  }
+  while (scheduler.has_work()) scheduler.step();
+  return result;
+}
+
 }  // namespace minfer::test

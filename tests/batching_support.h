@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "sampling/sampler.h"
 
 namespace minfer::test {
 
@@ -26,5 +27,16 @@ std::vector<GreedyStream> greedy_together(const Model& model, const BackendFacto
                                           const std::vector<std::vector<int32_t>>& prompts, int n_gen,
                                           int max_seqs, int step_tokens);
 std::vector<std::vector<int32_t>> random_prompts(int n, int min_len, int max_len, int n_vocab, uint64_t salt);
+// Each prompt's n_gen sampled tokens (end tokens ignored) through the scheduler, up to max_seqs at
+// a time; request i samples with `sampling` at seed sampling.seed + i. want_logits: each request
+// asks for its logits (as logprobs do), so the host samples from them instead of the backend
+// drawing where the logits are.
+struct SampledStreams {
+  std::vector<std::vector<int32_t>> tokens;  // per prompt
+  int64_t backend_draws = 0;                 // tokens the backend drew (StepBatch::draws)
+};
+SampledStreams sampled_streams(const Model& model, const BackendFactory& backend,
+                               const std::vector<std::vector<int32_t>>& prompts, int n_gen, int max_seqs,
+                               const SamplerParams& sampling, bool want_logits);
 
 }  // namespace minfer::test

@@ -152,38 +152,46 @@ TEST(Batching, GreedyStreamsDoNotDependOnTheBatch) {
 // parallel; the tokens are the same one request at a time (max_seqs 1) as twelve at once.
 TEST(Batching, SampledStreamsDoNotDependOnTheBatch) {
   const auto prompts = test::random_prompts(12, 1, 40, model().hp.n_vocab, 5);
-  const auto run = [&](int max_seqs) {
-    EngineOptions eo;
-    eo.max_tokens = 64;
-    eo.block_size = 16;
-    eo.n_blocks = 12 * 5;
-    Engine engine(model(), eo, cpu_backend()(model()));
-    Scheduler scheduler(engine, {max_seqs, 0, {}});
-    std::vector<std::vector<int32_t>> out(prompts.size());
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      Request r;
-      r.prompt = prompts[i];
-      r.max_tokens = 12;
-      r.ignore_eos = true;
-      r.sampling.temperature = 1.0f;
-      r.sampling.top_k = 0;
-      r.sampling.top_p = 0.9f;
-      r.sampling.min_p = 0.0f;
-      r.sampling.seed = test::seed() + i;
-      r.on_token = [&out, i](int, int32_t token, std::span<const float>) {
-        out[i].push_back(token);
-        return true;
-      };
-      scheduler.submit(std::move(r));
-    }
-    while (scheduler.has_work()) scheduler.step();
-    return out;
-  };
-  const auto one_at_a_time = run(1), together = run(12);
+  SamplerParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 0.9f;
+  sp.min_p = 0.0f;
+  sp.seed = test::seed();
+  const auto one_at_a_time = test::sampled_streams(model(), cpu_backend(), prompts, 12, 1, sp, false).tokens;
+  const auto together = test::sampled_streams(model(), cpu_backend(), prompts, 12, 12, sp, false).tokens;
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_EQ(together[i].size(), 12u);
     EXPECT_EQ(together[i], one_at_a_time[i]) << "prompt " << i;
   }
+}
+
+// With nothing cut and no penalty (OpenAI's defaults) the backend draws the token where the logits
+// are; it is the token the host sampler draws from the same logits with the same seed, alone or
+// twelve at once.
+TEST(Batching, BackendDrawsAreTheHostSamplersTokens) {
+  const auto prompts = test::random_prompts(12, 1, 40, model().hp.n_vocab, 6);
+  SamplerParams sp;
+  sp.temperature = 0.7f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  sp.seed = test::seed();
+  const auto host = test::sampled_streams(model(), cpu_backend(), prompts, 12, 12, sp, true);
+  EXPECT_EQ(host.backend_draws, 0);
+  for (int max_seqs : {1, 12}) {
+    const auto drawn = test::sampled_streams(model(), cpu_backend(), prompts, 12, max_seqs, sp, false);
+    EXPECT_EQ(drawn.backend_draws, 12 * 12);  // every token
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(drawn.tokens[i].size(), 12u);
+      EXPECT_EQ(drawn.tokens[i], host.tokens[i]) << "prompt " << i << " max_seqs " << max_seqs;
+    }
+  }
+  setenv("MINFER_NO_BACKEND_DRAW", "1", 1);  // the opt-out: the host samples every token
+  const auto opted_out = test::sampled_streams(model(), cpu_backend(), prompts, 12, 12, sp, false);
+  unsetenv("MINFER_NO_BACKEND_DRAW");
+  EXPECT_EQ(opted_out.backend_draws, 0);
+  EXPECT_EQ(opted_out.tokens, host.tokens);
 }
 
 // A pool too small for all sequences at once: the newest are preempted (their blocks freed) and

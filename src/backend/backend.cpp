@@ -37,6 +37,13 @@ void validate_step(const StepBatch& b, int max_tokens, int n_blocks, int block_s
   for (size_t i = 0; i < b.output_rows.size(); ++i)
     if (b.output_rows[i] < 0 || b.output_rows[i] >= n || (i > 0 && b.output_rows[i] <= b.output_rows[i - 1]))
       fail("backend: output rows must be ascending rows of the step");
+  for (const Draw& d : b.draws) {
+    if (d.output < 0 || size_t(d.output) >= b.output_rows.size())
+      fail("backend: a draw from output ", d.output, " of ", b.output_rows.size());
+    if (!(d.temperature > 0.0f) || !(d.uniform >= 0.0 && d.uniform < 1.0))
+      fail("backend: a draw at temperature ", d.temperature, " with uniform ", d.uniform,
+           " (needs temperature > 0 and uniform in [0, 1))");
+  }
 }
 
 #ifndef MINFER_HAVE_CUDA

@@ -26,6 +26,12 @@ struct SeqChunk {
   bool decode = false;
 };
 
+struct Draw {
+  int32_t output = 0;  // index into StepBatch::output_rows
+  float temperature = 1.0f;
+  double uniform = 0.0;
+};
+
 struct StepBatch {
   std::span<const int32_t> tokens;
   // Decode chunks first, then prompt chunks; rows in order, together covering every token.
@@ -34,9 +40,15 @@ struct StepBatch {
   // for that output).
   std::span<const int32_t> output_rows;
   std::span<const uint8_t> copy_logits;  // one flag per output row
+  // Draws done where the logits are (only the token comes back): one token from
+  // softmax(logits / temperature) over the whole vocabulary of output row `output`, with the
+  // caller's uniform number in [0, 1), by the arithmetic of sampling/draw_math.h, so the token is
+  // the one draw_softmax gives for the same logits on the host.
+  std::span<const Draw> draws;
 };
 
 struct StepOutput {
+  std::vector<int32_t> drawn;   // one per StepBatch::draws entry
   std::vector<int32_t> argmax;  // one per output row (first index on ties)
   // n_vocab floats per output row whose copy_logits flag is set, in memory the backend owns (the
   // CUDA backend's is page-locked, so the copy runs at the link's rate): valid until its next forward.

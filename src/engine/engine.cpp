@@ -92,6 +92,7 @@ void Step::run() {
       it.first_output = int(output_rows_.size());
       it.first_logits = n_logit_rows;
       it.n_outputs = it.out == Output::None ? 0 : it.out == Output::All ? it.n_tokens : 1;
+      if (it.draw >= 0) draws_[size_t(it.draw)].output = it.first_output;
       for (int r = 0; r < it.n_outputs; ++r) {
         output_rows_.push_back(first_out_row + r);
         copy_logits_.push_back(it.logits ? 1 : 0);
@@ -100,14 +101,29 @@ void Step::run() {
       row += it.n_tokens;
     }
   }
-  engine_.forward({batch_tokens_, chunks_, output_rows_, copy_logits_}, out_);
+  engine_.forward({batch_tokens_, chunks_, output_rows_, copy_logits_, draws_}, out_);
   ran_as_ = engine_.forwards();
   for (Item& it : items_) it.seq->advance(it.n_tokens);
+}
+
+void Step::draw(int item, float temperature, double uniform) {
+  Item& it = items_.at(size_t(item));
+  if (it.out != Output::Last) fail("internal error: a draw for step item ", item, ", which has no single output row");
+  if (it.draw >= 0) fail("internal error: two draws for step item ", item);
+  it.draw = int(draws_.size());
+  draws_.push_back({0, temperature, uniform});
+}
+
+int32_t Step::drawn(int item) const {
+  const Item& it = items_.at(size_t(item));
+  if (it.draw < 0) fail("internal error: step item ", item, " has no draw");
+  return out_.drawn.at(size_t(it.draw));
 }
 
 void Step::clear() {
   // Blocks reserved by items that never ran stay with their sequences; the next reserve uses them.
   items_.clear();
+  draws_.clear();
   tokens_.clear();
   n_tokens_ = 0;
 }

@@ -76,6 +76,10 @@ class Step {
   int n_tokens() const { return n_tokens_; }
   int n_items() const { return int(items_.size()); }
   bool empty() const { return items_.empty(); }
+  // Asks the backend to draw the token of item's one output row (Output::Last) from
+  // softmax(logits / temperature) with this uniform number (Backend: StepBatch::draws), so the
+  // logits need not come back; the token is what draw_softmax gives for them.
+  void draw(int item, float temperature, double uniform);
   // Runs the forward and advances every sequence.
   void run();
   void clear();
@@ -84,6 +88,8 @@ class Step {
   // the logits only until the next step runs on the engine (an error after that).
   std::span<const int32_t> argmax(int item) const;
   std::span<const float> logits(int item) const;
+  // After run(): the token drawn for the item (draw()).
+  int32_t drawn(int item) const;
 
  private:
   struct Item {
@@ -95,6 +101,7 @@ class Step {
     bool logits;
     int first_output = 0, n_outputs = 0;  // in out_.argmax
     int first_logits = 0;                 // in out_.logits, rows
+    int draw = -1;                        // in draws_ / out_.drawn, -1: none
   };
   Engine& engine_;
   std::vector<Item> items_;
@@ -106,6 +113,7 @@ class Step {
   std::vector<int32_t> batch_tokens_, output_rows_;
   std::vector<uint8_t> copy_logits_;
   std::vector<SeqChunk> chunks_;
+  std::vector<Draw> draws_;  // output filled in by run()
 };
 
 }  // namespace minfer

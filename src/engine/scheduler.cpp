@@ -1,7 +1,9 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
+#include <string_view>
 
 #include "util/error.h"
 #include "util/threadpool.h"
@@ -32,7 +34,8 @@ struct Scheduler::Active {
   int n_prompt = 0;
   int n_generated = 0;
   Sampler sampler;
-  int item = -1;  // index in the current step, -1 when not in it
+  int item = -1;         // index in the current step, -1 when not in it
+  bool drawing = false;  // the backend draws its token in the current step
 
   Active(uint64_t id_, std::shared_ptr<const Request> r, int choice_, KvPool::Sequence kv_)
       : id(id_), req(std::move(r)), choice(choice_), kv(std::move(kv_)), tokens(req->prompt),
@@ -48,13 +51,19 @@ struct Scheduler::Active {
   }
   bool decoding() const { return n_generated > 0 && prefill_left() == 0; }
   bool wants_logits() const { return req->want_logits || !plain_greedy(req->sampling); }
+  // Only the drawn token is needed: no logprobs, no choices still to fork from these logits.
+  bool can_draw_on_backend(size_t n_vocab) const {
+    return !req->want_logits && forks_pending == 0 && sampler.draws_whole_vocabulary(n_vocab);
+  }
   int width() const { return 1 + forks_pending; }  // sequences it occupies once its prompt is done
-  int32_t pick(int32_t argmax, std::span<const float> logits) {
-    return plain_greedy(req->sampling) ? argmax : sampler.sample(logits, tokens);
+  int32_t pick(int32_t argmax, std::span<const float> logits, int32_t drawn) {
+    return drawn >= 0 ? drawn : plain_greedy(req->sampling) ? argmax : sampler.sample(logits, tokens);
   }
 };
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions opts) : engine_(engine), opts_(std::move(opts)), step_(engine) {
+  if (const char* off = std::getenv("MINFER_NO_BACKEND_DRAW"); off && *off && std::string_view(off) != "0")
+    opts_.backend_draws = false;
   if (opts_.max_seqs <= 0) fail("the number of parallel sequences must be positive, not ", opts_.max_seqs);
   if (opts_.step_tokens <= 0 || opts_.step_tokens > engine.max_tokens()) opts_.step_tokens = engine.max_tokens();
 }
@@ -118,12 +127,22 @@ bool Scheduler::accept(Active& a, int32_t token, std::span<const float> logits, 
   return true;
 }
 
+int Scheduler::add_to_step(Active& a, std::span<const int32_t> tokens, bool decode, Step::Output out) {
+  const bool draw =
+      opts_.backend_draws && out == Step::Output::Last && a.can_draw_on_backend(size_t(engine_.model().hp.n_vocab));
+  const int item = step_.add(a.kv, tokens, decode, out, !draw && a.wants_logits());
+  a.drawing = item >= 0 && draw;
+  if (a.drawing) step_.draw(item, a.req->sampling.temperature, a.sampler.take_uniform());
+  return item;
+}
+
 // The newest running request gives its blocks back and waits at the head of the queue.
 void Scheduler::preempt_newest() {
   std::unique_ptr<Active> a = std::move(running_.back());
   running_.pop_back();
   a->kv.release();
   a->item = -1;
+  a->drawing = false;
   waiting_.push_front(std::move(a));
   std::lock_guard<std::mutex> lock(mu_);
   ++counts_.preemptions;
@@ -146,8 +165,8 @@ bool Scheduler::admit(std::unique_ptr<Active>& a, int budget) {
   }
   const int n = std::min(a->prefill_left(), budget);
   const bool completes = n == a->prefill_left() && a->n_generated == 0;
-  a->item = step_.add(a->kv, std::span<const int32_t>(a->tokens).subspan(size_t(a->kv.n_tokens()), size_t(n)),
-                      false, completes ? Step::Output::Last : Step::Output::None, a->wants_logits());
+  a->item = add_to_step(*a, std::span<const int32_t>(a->tokens).subspan(size_t(a->kv.n_tokens()), size_t(n)), false,
+                        completes ? Step::Output::Last : Step::Output::None);
   if (a->item < 0) {
     a->kv.release();
     return false;
@@ -185,7 +204,7 @@ void Scheduler::step() {
   }
 
   step_.clear();
-  for (auto& a : running_) a->item = -1;
+  for (auto& a : running_) a->item = -1, a->drawing = false;
   int budget = opts_.step_tokens;
   // 1. One decode token for every generating sequence, oldest first. When the pool is out of
   //    blocks the newest sequences give theirs back; a lone sequence that cannot grow ends (Length).
@@ -203,7 +222,7 @@ void Scheduler::step() {
       --i;
       continue;
     }
-    a.item = step_.add(a.kv, std::span<const int32_t>(&a.tokens.back(), 1), true, Step::Output::Last, a.wants_logits());
+    a.item = add_to_step(a, std::span<const int32_t>(&a.tokens.back(), 1), true, Step::Output::Last);
     if (a.item >= 0) --budget;
   }
   // 2. Prompt chunks of running sequences still prefilling (or recomputing), oldest first.
@@ -212,8 +231,8 @@ void Scheduler::step() {
     if (a.decoding() || a.item >= 0 || budget <= 0) continue;
     const int n = std::min(a.prefill_left(), budget);
     const bool completes = n == a.prefill_left() && a.n_generated == 0;
-    a.item = step_.add(a.kv, std::span<const int32_t>(a.tokens).subspan(size_t(a.kv.n_tokens()), size_t(n)), false,
-                       completes ? Step::Output::Last : Step::Output::None, a.wants_logits());
+    a.item = add_to_step(a, std::span<const int32_t>(a.tokens).subspan(size_t(a.kv.n_tokens()), size_t(n)), false,
+                         completes ? Step::Output::Last : Step::Output::None);
     if (a.item >= 0) budget -= n;
   }
   // 3. New requests, first come first served.
@@ -228,7 +247,7 @@ void Scheduler::step() {
     struct Pick {
       Active* a;
       std::span<const float> logits;
-      int32_t argmax, token = -1;
+      int32_t argmax, drawn, token = -1;
       std::unique_ptr<Active> fork;  // a new choice, or null for running_[index]
       size_t index = 0;
     };
@@ -242,25 +261,26 @@ void Scheduler::step() {
         a.kv.cache_full_blocks(std::span<const int32_t>(a.tokens).first(size_t(std::min(a.n_prompt, a.kv.n_tokens()))));
       if (step_.argmax(a.item).empty()) continue;
       if (a.n_generated == 0) prompt_done += a.n_prompt;
-      const std::span<const float> logits = a.wants_logits() ? step_.logits(a.item) : std::span<const float>();
-      const int32_t argmax = step_.argmax(a.item)[0];
+      const std::span<const float> logits =
+          !a.drawing && a.wants_logits() ? step_.logits(a.item) : std::span<const float>();
+      const int32_t argmax = step_.argmax(a.item)[0], drawn = a.drawing ? step_.drawn(a.item) : -1;
       // The other choices start from the same prompt KV and the same logits.
       while (a.forks_pending > 0) {
         auto f = std::make_unique<Active>(a.id, a.req, a.req->n - a.forks_pending--, a.kv.fork(a.kv.n_tokens()));
-        picks.push_back({f.get(), logits, argmax, -1, std::move(f)});
+        picks.push_back({f.get(), logits, argmax, -1, -1, std::move(f)});
       }
-      picks.push_back({&a, logits, argmax, -1, nullptr, i});
+      picks.push_back({&a, logits, argmax, drawn, -1, nullptr, i});
     }
     // Sampling is per sequence (its own sampler and history), so the sequences sample in
     // parallel; the callbacks below run in order on this thread.
     const auto pick_range = [&picks](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) {
         Pick& p = picks[size_t(k)];
-        p.token = p.a->pick(p.argmax, p.logits);
+        p.token = p.a->pick(p.argmax, p.logits, p.drawn);
       }
     };
-    const auto sampled =
-        std::count_if(picks.begin(), picks.end(), [](const Pick& p) { return !plain_greedy(p.a->req->sampling); });
+    const auto sampled = std::count_if(picks.begin(), picks.end(),
+                                       [](const Pick& p) { return p.drawn < 0 && !plain_greedy(p.a->req->sampling); });
     if (sampled >= 2) {
       if (!sampling_pool_) sampling_pool_ = std::make_unique<ThreadPool>(opts_.sampling_threads);
       sampling_pool_->parallel_for(int64_t(picks.size()), pick_range);

@@ -43,6 +43,9 @@ struct SchedulerOptions {
   std::vector<int32_t> end_tokens;  // end-of-generation tokens
   bool prefix_cache = true;         // reuse cached KV blocks of identical prompt prefixes
   int sampling_threads = 0;         // threads sampling the sequences of a step (0: every core)
+  // Whole-vocabulary draws where the logits are (Step::draw); off with MINFER_NO_BACKEND_DRAW=1,
+  // which copies the logits back and samples on the host instead (the same tokens).
+  bool backend_draws = true;
 };
 
 // Sequences (one per choice) and the KV pool as of the end of the last step.
@@ -69,6 +72,9 @@ class Scheduler {
  private:
   struct Active;
   bool admit(std::unique_ptr<Active>& a, int budget);
+  // step_.add for a's tokens; a token that a's sampler draws over the whole vocabulary is drawn by
+  // the backend (Step::draw), so its logits stay on the device.
+  int add_to_step(Active& a, std::span<const int32_t> tokens, bool decode, Step::Output out);
   void preempt_newest();
   void finish(Active& a, FinishReason r);
   // Takes the token the step produced for `a`; false when `a` finished with it.

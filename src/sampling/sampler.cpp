@@ -74,14 +74,26 @@ bool plain_greedy(const SamplerParams& p) {
 
 Sampler::Sampler(SamplerParams p) : params_(p), rng_(p.seed) { params_.validate(); }
 
+namespace {
+bool penalties_apply(const SamplerParams& p) {
+  return (p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) &&
+         p.penalty_last_n != 0;
+}
+bool cuts(const SamplerParams& p, size_t n_vocab) {
+  return (p.top_k > 0 && size_t(p.top_k) < n_vocab) || p.top_p < 1.0f || p.min_p > 0.0f;
+}
+}  // namespace
+
+bool Sampler::draws_whole_vocabulary(size_t n_vocab) const {
+  return !greedy() && !penalties_apply(params_) && !cuts(params_, n_vocab);
+}
+
 int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> history) {
   if (logits.empty()) fail("sampler: empty logits");
   const SamplerParams& p = params_;
 
   // Penalties over the last penalty_last_n tokens of history, on a copy of the logits.
-  const bool penalize = p.repeat_penalty != 1.0f || p.presence_penalty != 0.0f ||
-                        p.frequency_penalty != 0.0f;
-  if (penalize && p.penalty_last_n != 0) {
+  if (penalties_apply(p)) {
     penalized_.assign(logits.begin(), logits.end());
     const size_t n = p.penalty_last_n < 0 ? history.size()
                                           : std::min(history.size(), size_t(p.penalty_last_n));
@@ -98,8 +110,7 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
 
   if (greedy()) return argmax(logits);
   // OpenAI's defaults cut nothing: the draw needs neither candidates nor any order.
-  const bool cuts = (p.top_k > 0 && size_t(p.top_k) < logits.size()) || p.top_p < 1.0f || p.min_p > 0.0f;
-  if (!cuts) return draw_all(logits);
+  if (!cuts(p, logits.size())) return draw_all(logits);
 
   cand_.resize(logits.size());
   for (size_t i = 0; i < logits.size(); ++i) cand_[i] = {logits[i], int32_t(i)};

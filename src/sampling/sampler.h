@@ -47,6 +47,12 @@ class Sampler {
   // history: tokens generated so far (and prompt), used by the penalties.
   int32_t sample(std::span<const float> logits, std::span<const int32_t> history);
   bool greedy() const { return params_.temperature <= 0; }
+  // True when sample() over n_vocab logits is one draw from softmax(logits / temperature) over all
+  // of them (temperature > 0, no penalty applies, nothing is cut): that draw can then be done where
+  // the logits are (Step::draw, with take_uniform()) and gives the token sample() would.
+  bool draws_whole_vocabulary(size_t n_vocab) const;
+  // The uniform number the next draw takes (the generator advances as sample() advances it).
+  double take_uniform() { return uniform(); }
   const SamplerParams& params() const { return params_; }
 
  private:

@@ -435,6 +435,28 @@ TEST(GpuBackend, GreedyStreamsDoNotDependOnTheBatch) {
   }
 }
 
+// Tokens drawn on the device (OpenAI's defaults: nothing cut, no penalty) are the host sampler's
+// tokens from the same logits and seed, for 32 sequences at once and one at a time.
+TEST(GpuBackend, DeviceDrawsAreTheHostSamplersTokens) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("qwen2.5-0.5b");
+  const auto prompts = test::random_prompts(32, 1, 60, s.model.hp.n_vocab, 21);
+  SamplerParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 0;
+  sp.top_p = 1.0f;
+  sp.min_p = 0.0f;
+  sp.seed = 77;
+  const auto host = test::sampled_streams(s.model, gpu_backend(), prompts, 16, 32, sp, true);
+  ASSERT_EQ(host.backend_draws, 0);
+  for (int max_seqs : {32, 1}) {
+    const auto drawn = test::sampled_streams(s.model, gpu_backend(), prompts, 16, max_seqs, sp, false);
+    ASSERT_EQ(drawn.backend_draws, 32 * 16);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      ASSERT_EQ(drawn.tokens[i], host.tokens[i]) << "prompt " << i << " max_seqs " << max_seqs;
+  }
+}
+
 // Prefill of N then one decode step vs one prefill of N + 1: the two paths differ in precision
 // (bf16 GEMM + f16 flash attention vs q8 decode matmul + f32 split-K attention; docs/07 §4), so
 // each is held to its oracle, and their difference to the oracles' own difference.

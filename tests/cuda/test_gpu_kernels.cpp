@@ -12,6 +12,7 @@
 #include "backend/cuda/kernels.h"
 #include "quant/canonical_dot.h"
 #include "quant/quant.h"
+#include "sampling/draw.h"
 #include "gpu_support.h"
 #include "../support.h"
 #include "util/half.h"
@@ -465,6 +466,43 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
           ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << (mma ? " mma" : " matvec")
                                      << " tokens " << n << " output " << i;
       }
+  }
+}
+
+// The device draw is the host's draw_softmax bit for bit: the same token for every row,
+// temperature and uniform number, at vocabulary sizes with and without a partial last block, with
+// masked (-inf) entries, ties and a flat row.
+TEST(GpuKernels, DrawSoftmaxIsTheHostDraw) {
+  MINFER_REQUIRE_GPU();
+  std::mt19937_64 rng(test::seed() + 300);
+  for (int width : {1, 7, 256, 1000, 151936}) {
+    std::vector<std::vector<float>> rows;
+    rows.push_back(random_normal(size_t(width), 3.0f, 301 + uint64_t(width)));
+    rows.push_back(std::vector<float>(size_t(width), 0.5f));  // flat: every token equally likely
+    std::vector<float> masked = random_normal(size_t(width), 1.0f, 302 + uint64_t(width));
+    for (size_t i = 0; i < masked.size(); i += 3) masked[i] = -std::numeric_limits<float>::infinity();
+    if (width > 1) masked[1] = 4.0f, masked[masked.size() - 1] = 4.0f;  // a tie at the top
+    rows.push_back(masked);
+    std::vector<float> host_rows;
+    for (const auto& r : rows) host_rows.insert(host_rows.end(), r.begin(), r.end());
+    std::vector<cuda::DrawJob> jobs;
+    for (int r = 0; r < int(rows.size()); ++r)
+      for (float temperature : {0.3f, 1.0f, 1.9f})
+        for (double u : {0.0, 1e-9, 0.25, 0.5, 0.999999999, double(rng() >> 11) * 0x1.0p-53})
+          jobs.push_back({r, temperature, u});
+    DeviceBuffer<float> dx(host_rows);
+    DeviceBuffer<cuda::DrawJob> djobs(jobs);
+    DeviceBuffer<int32_t> dtokens(jobs.size());
+    cuda::launch_draw_softmax(dx.get(), width, width, djobs.get(), int(jobs.size()), dtokens.get(), {});
+    cuda_ok(cudaGetLastError());
+    const auto got = dtokens.download();
+    std::vector<float> weight;
+    std::vector<double> block_sum;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+      const int32_t want = draw_softmax(rows[size_t(jobs[j].row)], jobs[j].temperature, jobs[j].uniform, weight, block_sum);
+      ASSERT_EQ(got[j], want) << "width " << width << " row " << jobs[j].row << " temperature " << jobs[j].temperature
+                              << " uniform " << jobs[j].uniform;
+    }
   }
 }
 

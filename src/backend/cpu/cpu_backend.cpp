@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
 #include "quant/quant.h"
+#include "sampling/draw.h"
 #include "sampling/sampler.h"
 #include "util/error.h"
 
@@ -151,6 +152,10 @@ class CpuBackend final : public Backend {
     }
     result.logits = all_wanted ? std::span<const float>(logits_.data(), batch.output_rows.size() * vocab)
                                : std::span<const float>(wanted_logits_);
+    result.drawn.clear();
+    for (const Draw& d : batch.draws)
+      result.drawn.push_back(draw_softmax(std::span<const float>(logits_.data() + size_t(d.output) * vocab, vocab),
+                                          d.temperature, d.uniform, draw_weight_, draw_block_sum_));
   }
 
  private:
@@ -180,6 +185,8 @@ class CpuBackend final : public Backend {
   std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer: [n_blocks * block_size][kv width]
   std::vector<BlockQ8Pad40> scratch_;
   std::vector<int32_t> positions_;
+  std::vector<float> draw_weight_;  // draw_softmax's scratch
+  std::vector<double> draw_block_sum_;
   std::vector<float> gathered_, logits_, wanted_logits_;  // wanted_logits_: the flagged rows, when not all are
   int n_blocks_ = 0, block_size_ = 0, max_tokens_ = 0, step_ = 0;
 };

@@ -83,6 +83,11 @@ struct CudaBackend::Impl {
   DeviceArray<int32_t> d_tables;  // grows with the step's block tables
   PinnedArray<int32_t> h_staging;
   PinnedArray<float> h_logits;  // StepOutput::logits of the last forward
+  // StepBatch::draws (jobs up, tokens back), max_tokens each once a step draws
+  PinnedArray<DrawJob> h_draws;
+  DeviceArray<DrawJob> d_draws;
+  PinnedArray<int32_t> h_drawn;
+  DeviceArray<int32_t> d_drawn;
   StepIo io;
 
   struct Captured {
@@ -268,6 +273,23 @@ struct CudaBackend::Impl {
           "cudaMemcpyAsync (block tables)");
   }
 
+  // The step's draws, from the output rows' logits on the device.
+  void draw(std::span<const Draw> draws) {
+    if (h_draws.size() < draws.size()) {
+      const size_t n = std::max(draws.size(), size_t(max_tokens));
+      h_draws = PinnedArray<DrawJob>(n);
+      d_draws = DeviceArray<DrawJob>(n);
+      h_drawn = PinnedArray<int32_t>(n);
+      d_drawn = DeviceArray<int32_t>(n);
+    }
+    for (size_t i = 0; i < draws.size(); ++i) h_draws.get()[i] = {draws[i].output, draws[i].temperature, draws[i].uniform};
+    check(cudaMemcpyAsync(d_draws.get(), h_draws.get(), draws.size() * sizeof(DrawJob), cudaMemcpyHostToDevice,
+                          stream.get()),
+          "cudaMemcpyAsync (draws)");
+    launch_draw_softmax(slot(kLogits), hp.n_vocab, hp.n_vocab, d_draws.get(), int(draws.size()), d_drawn.get(),
+                        {stream.get(), false});
+  }
+
   void forward(const StepBatch& b, StepOutput& result) {
     validate_step(b, max_tokens, n_blocks, block_size, hp.n_vocab);
     ctx.make_current();
@@ -325,6 +347,7 @@ struct CudaBackend::Impl {
       }
     }
 
+    if (!b.draws.empty()) draw(b.draws);
     result.argmax.resize(size_t(n_out));
     check(cudaMemcpyAsync(result.argmax.data(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream.get()),
           "cudaMemcpyAsync (argmax)");
@@ -350,6 +373,9 @@ struct CudaBackend::Impl {
                 "cudaMemcpyAsync (logits)");
     }
     result.logits = std::span<const float>(host, wanted * vocab);
+    if (!b.draws.empty())
+      check(cudaMemcpyAsync(h_drawn.get(), d_drawn.get(), b.draws.size() * 4, cudaMemcpyDeviceToHost, stream.get()),
+            "cudaMemcpyAsync (drawn tokens)");
     const cudaEvent_t end = step_end[size_t(step % 2)].get();
     check(cudaEventRecord(end, stream.get()), "cudaEventRecord");
     check(cudaStreamSynchronize(stream.get()), "forward");
@@ -358,6 +384,7 @@ struct CudaBackend::Impl {
     if (have_previous_end)
       check(cudaEventElapsedTime(&idle_ms, step_end[size_t((step + 1) % 2)].get(), step_begin.get()),
             "cudaEventElapsedTime");
+    result.drawn.assign(h_drawn.get(), h_drawn.get() + b.draws.size());
     step_times.steps += 1;
     step_times.device_seconds += 1e-3 * device_ms;
     step_times.idle_seconds += 1e-3 * idle_ms;

@@ -7,6 +7,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_device.cuh"
+#include "sampling/draw_math.h"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -371,6 +372,105 @@ void launch_argmax_rows(const float* x, int ld, int n_rows, int width, ArgmaxCan
   if (n_rows <= 0) return;
   launch_kernel("argmax", argmax_slices_kernel, dim3(kArgmaxSlices, n_rows), 256, 0, s, x, ld, width, candidates);
   launch_kernel("argmax", argmax_pick_kernel, n_rows, kArgmaxSlices, 0, s, candidates, width, result);
+}
+
+// ---- whole-vocabulary draw -----------------------------------------------------------------------
+// The host's draw_softmax in parallel where its order allows and in its order where the result
+// depends on it: the maximum (any order), each block's eight lane sums (one thread a lane, tokens in
+// the host's order), the lane tree, then one thread adding the block sums in double, finding the
+// drawn block and scanning its weights.
+constexpr int kDrawThreads = 1024;
+
+__host__ __device__ constexpr int draw_blocks(int width) { return (width + draw_math::kBlock - 1) / draw_math::kBlock; }
+// Shared memory of a draw: the lane sums, the block sums (double) and the drawn block's weights.
+constexpr size_t draw_smem_bytes(int width) {
+  return size_t(draw_blocks(width)) * (draw_math::kLanes * sizeof(float) + sizeof(double)) + draw_math::kBlock * sizeof(float);
+}
+
+// REQUIRES: blockDim.x == kDrawThreads; draw_smem_bytes(width) of dynamic shared memory; width > 0.
+__global__ void __launch_bounds__(kDrawThreads) draw_softmax_kernel(const float* __restrict__ x, int64_t ld, int width,
+                                                                     const DrawJob* __restrict__ jobs, int32_t* tokens) {
+  using namespace draw_math;
+  extern __shared__ double draw_smem[];
+  const int n_blocks = draw_blocks(width);
+  double* block_sum = draw_smem;
+  float* lane_sum = reinterpret_cast<float*>(block_sum + n_blocks);  // [block][lane]
+  float* drawn_weight = lane_sum + size_t(n_blocks) * kLanes;
+  __shared__ float warp_max[kDrawThreads / 32];
+  __shared__ int drawn_block;
+  __shared__ double drawn_cum, drawn_u;
+  await_predecessor();
+  const DrawJob job = jobs[blockIdx.x];
+  const float* l = x + size_t(job.row) * size_t(ld);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+
+  float m = l[0];
+  for (int i = threadIdx.x; i < width; i += kDrawThreads) m = fmaxf(m, l[i]);
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) warp_max[warp] = m;
+  __syncthreads();
+  float max_logit = warp_max[0];
+  for (int w = 1; w < kDrawThreads / 32; ++w) max_logit = fmaxf(max_logit, warp_max[w]);
+  const float scale = exponent_scale(job.temperature);
+
+  for (int t = threadIdx.x; t < n_blocks * kLanes; t += kDrawThreads) {
+    const int b = t / kLanes, k = t % kLanes;
+    const int first = b * kBlock, last = min(width, first + kBlock);
+    const int whole_end = first + (last - first) / 8 * 8;
+    float s = 0.0f;
+    for (int j = first + k; j < whole_end; j += 8) s = add(s, weight(l[j], max_logit, scale));
+    if (k == 0)
+      for (int j = whole_end; j < last; ++j) s = add(s, weight(l[j], max_logit, scale));
+    lane_sum[t] = s;
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < n_blocks; b += kDrawThreads) {
+    float lanes[kLanes];
+    for (int k = 0; k < kLanes; ++k) lanes[k] = lane_sum[b * kLanes + k];
+    block_sum[b] = double(lane_tree(lanes));
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0;
+    for (int b = 0; b < n_blocks; ++b) total += block_sum[b];
+    const double u = job.uniform * total;
+    double cum = 0;
+    int b = 0;
+    while (b + 1 < n_blocks && cum + block_sum[b] <= u) cum += block_sum[b++];
+    drawn_block = b;
+    drawn_cum = cum;
+    drawn_u = u;
+  }
+  __syncthreads();
+  const int first = drawn_block * kBlock, last = min(width, first + kBlock);
+  for (int j = first + int(threadIdx.x); j < last; j += kDrawThreads) drawn_weight[j - first] = weight(l[j], max_logit, scale);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double cum = drawn_cum;
+    int32_t token = last - 1;  // rounding left u past the block's own sum
+    for (int j = first; j < last; ++j) {
+      cum += double(drawn_weight[j - first]);
+      if (drawn_u < cum) {
+        token = j;
+        break;
+      }
+    }
+    tokens[blockIdx.x] = token;
+  }
+}
+
+void launch_draw_softmax(const float* x, int64_t ld, int width, const DrawJob* jobs, int n_jobs, int32_t* tokens,
+                         const KernelStream& s) {
+  if (n_jobs <= 0) return;
+  if (width <= 0) fail("draw: a row of ", width, " entries");
+  const size_t smem = draw_smem_bytes(width);
+  int device = 0, max_smem = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (smem > size_t(max_smem)) fail("draw: a vocabulary of ", width, " entries needs ", smem, " bytes of shared memory, more than the ", max_smem, " a block has");
+  const cudaError_t e = cudaFuncSetAttribute(draw_softmax_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e != cudaSuccess) fail("draw: cannot set the shared-memory size: ", cudaGetErrorString(e));
+  launch_kernel("draw_softmax", draw_softmax_kernel, n_jobs, kDrawThreads, smem, s, x, ld, width, jobs, tokens);
 }
 
 // ---- rope / kv -------------------------------------------------------------------------------

@@ -98,6 +98,17 @@ struct ArgmaxCandidate {
 void launch_argmax_rows(const float* x, int ld, int n_rows, int width, ArgmaxCandidate* candidates, int32_t* result,
                         const KernelStream& s);
 
+// tokens[i] = one draw from softmax(row jobs[i].row / temperature) over `width` entries with the
+// job's uniform number, bit for bit the host's draw_softmax (sampling/draw_math.h); rows `ld`
+// floats apart. One block a job.
+struct DrawJob {
+  int32_t row = 0;
+  float temperature = 1.0f;
+  double uniform = 0.0;
+};
+void launch_draw_softmax(const float* x, int64_t ld, int width, const DrawJob* jobs, int n_jobs, int32_t* tokens,
+                         const KernelStream& s);
+
 // ---- rope / kv cache ---------------------------------------------------------------------------
 struct RopeParams {
   const float* inv_freq = nullptr;  // [head_dim / 2]: theta_j = pos * inv_freq[j]
