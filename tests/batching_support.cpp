@@ -72,6 +72,16 @@ std::vector<GreedyStream> greedy_together(const Model& model, const BackendFacto
   return out;
 }
 
+SamplerParams whole_vocabulary_sampling(float temperature, uint64_t seed) {
+  SamplerParams p;
+  p.temperature = temperature;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.min_p = 0.0f;
+  p.seed = seed;
+  return p;
+}
+
 namespace {
 // The backend, counting the draws the steps ask of it.
 class DrawCounter : public Backend {

@@ -31,6 +31,8 @@ std::vector<std::vector<int32_t>> random_prompts(int n, int min_len, int max_len
 // a time; request i samples with `sampling` at seed sampling.seed + i. want_logits: each request
 // asks for its logits (as logprobs do), so the host samples from them instead of the backend
 // drawing where the logits are.
+// Sampling at `temperature` with nothing cut and no penalty (OpenAI's defaults at temperature 1).
+SamplerParams whole_vocabulary_sampling(float temperature, uint64_t seed);
 struct SampledStreams {
   std::vector<std::vector<int32_t>> tokens;  // per prompt
   int64_t backend_draws = 0;                 // tokens the backend drew (StepBatch::draws)

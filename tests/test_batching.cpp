@@ -86,14 +86,19 @@ TEST(KvPool, RunningOutIsAnOrdinaryOutcome) {
   EXPECT_THROW(a.truncate(9), Error);  // past its length
 }
 
-TEST(Engine, AStepChecksItsInput) {
+// A CPU engine of four 4-position blocks and steps of up to 8 tokens.
+EngineOptions small_cpu_engine() {
   EngineOptions eo;
   eo.backend = BackendKind::Cpu;
   eo.n_threads = 2;
   eo.max_tokens = 8;
   eo.block_size = 4;
   eo.n_blocks = 4;
-  Engine engine(model(), eo);
+  return eo;
+}
+
+TEST(Engine, AStepChecksItsInput) {
+  Engine engine(model(), small_cpu_engine());
   KvPool::Sequence a(engine.kv());
   Step step(engine);
   const std::vector<int32_t> nine(9, 1), two(2, 1);
@@ -110,13 +115,7 @@ TEST(Engine, AStepChecksItsInput) {
 // A step's logits live in the backend until the next forward: reading them after another step
 // ran on the engine is an error, not a read of that step's rows.
 TEST(Engine, LogitsAreReadableUntilTheNextStep) {
-  EngineOptions eo;
-  eo.backend = BackendKind::Cpu;
-  eo.n_threads = 2;
-  eo.max_tokens = 8;
-  eo.block_size = 4;
-  eo.n_blocks = 4;
-  Engine engine(model(), eo);
+  Engine engine(model(), small_cpu_engine());
   KvPool::Sequence a(engine.kv()), b(engine.kv());
   const std::vector<int32_t> ta = {1, 2}, tb = {3};
   Step first(engine), second(engine);
@@ -171,12 +170,7 @@ TEST(Batching, SampledStreamsDoNotDependOnTheBatch) {
 // twelve at once.
 TEST(Batching, BackendDrawsAreTheHostSamplersTokens) {
   const auto prompts = test::random_prompts(12, 1, 40, model().hp.n_vocab, 6);
-  SamplerParams sp;
-  sp.temperature = 0.7f;
-  sp.top_k = 0;
-  sp.top_p = 1.0f;
-  sp.min_p = 0.0f;
-  sp.seed = test::seed();
+  const SamplerParams sp = test::whole_vocabulary_sampling(0.7f, test::seed());
   const auto host = test::sampled_streams(model(), cpu_backend(), prompts, 12, 12, sp, true);
   EXPECT_EQ(host.backend_draws, 0);
   for (int max_seqs : {1, 12}) {

@@ -441,12 +441,7 @@ TEST(GpuBackend, DeviceDrawsAreTheHostSamplersTokens) {
   MINFER_REQUIRE_GPU();
   const Synth& s = synth_model("qwen2.5-0.5b");
   const auto prompts = test::random_prompts(32, 1, 60, s.model.hp.n_vocab, 21);
-  SamplerParams sp;
-  sp.temperature = 1.0f;
-  sp.top_k = 0;
-  sp.top_p = 1.0f;
-  sp.min_p = 0.0f;
-  sp.seed = 77;
+  const SamplerParams sp = test::whole_vocabulary_sampling(1.0f, 77);
   const auto host = test::sampled_streams(s.model, gpu_backend(), prompts, 16, 32, sp, true);
   ASSERT_EQ(host.backend_draws, 0);
   for (int max_seqs : {32, 1}) {
