@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -216,7 +217,7 @@ int run_bench(int argc, char** argv) {
   app.add_option("-b,-u,--ubatch-size", ubatch, "tokens per forward step")->check(CLI::Range(1, 65536));
   app.add_option("--kv-block-size", block_size, "KV positions per cache block")->check(CLI::Range(1, 4096));
   app.add_option("--backend", backend_name, "cuda | cpu | auto");
-  app.add_flag("--census", census, "list the kernels of one decode step of the first batch size (CUDA)");
+  app.add_flag("--census", census, "list the kernels of one decode step of the first batch size and one prompt step of the first -p length (CUDA)");
   app.add_option("--sweep", sweep, "write tg t/s against depth to this CSV and an SVG beside it");
   CLI11_PARSE(app, argc, argv);
   const std::vector<int> ps = parse_counts(p_list, "-p"), ns = parse_counts(n_list, "-n"),
@@ -374,20 +375,29 @@ int run_bench(int argc, char** argv) {
     if (!use_cuda) fail("--census needs the CUDA backend");
     auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
     bench.fill_depth(ds.front());
-    for (int pass = 0; pass < 2; ++pass) {  // the first warms up
-      cb.census_next_step();
-      bench.generate(1, bs.front());
+    // Runs one step twice (the first warms up) and lists the kernels of the second.
+    const auto list_kernels = [&](const std::string& title, const std::function<void()>& one_step) {
+      for (int pass = 0; pass < 2; ++pass) {
+        cb.census_next_step();
+        one_step();
+      }
+      const auto kernels = cb.census_result();
+      double total = 0;
+      int launches = 0;
+      for (const auto& k : kernels) total += k.microseconds, launches += k.launches;
+      std::printf("\n| kernel (%s) | launches | µs | share |\n| --- | ---: | ---: | ---: |\n", title.c_str());
+      for (const auto& k : kernels)
+        std::printf("| %s | %d | %.1f | %.1f%% |\n", k.name.c_str(), k.launches, k.microseconds,
+                    100.0 * k.microseconds / total);
+      std::printf("| total | %d | %.1f | 100%% |\n", launches, total);
+    };
+    const std::string at = " @ d" + std::to_string(ds.front());
+    list_kernels("decode step x" + std::to_string(bs.front()) + at, [&] { bench.generate(1, bs.front()); });
+    const auto first_p = std::find_if(ps.begin(), ps.end(), [](int p) { return p > 0; });
+    if (first_p != ps.end()) {
+      const int tokens = std::min(*first_p, engine.max_tokens());
+      list_kernels("prompt step of " + std::to_string(tokens) + " tokens" + at, [&] { bench.prompt(tokens); });
     }
-    const auto kernels = cb.census_result();
-    double total = 0;
-    int launches = 0;
-    for (const auto& k : kernels) total += k.microseconds, launches += k.launches;
-    std::printf("\n| kernel (decode step x%d @ d%d) | launches | µs | share |\n| --- | ---: | ---: | ---: |\n",
-                bs.front(), ds.front());
-    for (const auto& k : kernels)
-      std::printf("| %s | %d | %.1f | %.1f%% |\n", k.name.c_str(), k.launches, k.microseconds,
-                  100.0 * k.microseconds / total);
-    std::printf("| total | %d | %.1f | 100%% |\n", launches, total);
 #else
     fail("--census needs a build with CUDA");
 #endif
