@@ -30,7 +30,6 @@ int32_t draw_softmax(std::span<const float> logits, float temperature, double un
   // finds its block from those sums, then its token by a scan inside the block.
   constexpr size_t kBlock = draw_math::kBlock;
   block_sum.resize((n + kBlock - 1) / kBlock);
-  double total = 0;
   for (size_t b = 0; b < block_sum.size(); ++b) {
     const size_t first = b * kBlock, last = std::min(n, first + kBlock);
     float lane[draw_math::kLanes] = {};
@@ -39,18 +38,10 @@ int32_t draw_softmax(std::span<const float> logits, float temperature, double un
       for (int k = 0; k < 8; ++k) lane[k] += w[j + size_t(k)];
     for (; j < last; ++j) lane[0] += w[j];
     block_sum[b] = double(draw_math::lane_tree(lane));
-    total += block_sum[b];
   }
-  const double u = uniform * total;
-  double cum = 0;
-  size_t b = 0;
-  while (b + 1 < block_sum.size() && cum + block_sum[b] <= u) cum += block_sum[b++];
-  const size_t first = b * kBlock, last = std::min(n, first + kBlock);
-  for (size_t j = first; j < last; ++j) {
-    cum += w[j];
-    if (u < cum) return int32_t(j);
-  }
-  return int32_t(last - 1);  // rounding left u past the block's own sum
+  const draw_math::BlockPick pick = draw_math::pick_block(block_sum.data(), int(block_sum.size()), uniform);
+  const size_t first = size_t(pick.block) * kBlock, last = std::min(n, first + kBlock);
+  return draw_math::pick_token(w + first, int(first), int(last - first), pick);
 }
 
 }  // namespace minfer

@@ -88,4 +88,32 @@ MINFER_DRAW_FN float lane_tree(const float (&lane)[kLanes]) {
   return add(add(add(lane[0], lane[1]), add(lane[2], lane[3])), add(add(lane[4], lane[5]), add(lane[6], lane[7])));
 }
 
+// Where the draw lands among the blocks: u = uniform × (the block sums added in order, in double),
+// then the first block whose running sum passes u (the last one if rounding leaves u past them all).
+struct BlockPick {
+  int block;
+  double cum;  // the sums of the blocks before it
+  double u;
+};
+MINFER_DRAW_FN BlockPick pick_block(const double* block_sum, int n_blocks, double uniform) {
+  double total = 0;
+  for (int b = 0; b < n_blocks; ++b) total += block_sum[b];
+  const double u = uniform * total;
+  double cum = 0;
+  int b = 0;
+  while (b + 1 < n_blocks && cum + block_sum[b] <= u) cum += block_sum[b++];
+  return {b, cum, u};
+}
+
+// The token inside the picked block: its n weights (tokens first .. first + n - 1) added to the
+// running sum in order until it passes u; the block's last token if rounding leaves u past them.
+MINFER_DRAW_FN int32_t pick_token(const float* weight, int first, int n, const BlockPick& p) {
+  double cum = p.cum;
+  for (int j = 0; j < n; ++j) {
+    cum += double(weight[j]);
+    if (p.u < cum) return first + j;
+  }
+  return first + n - 1;
+}
+
 }  // namespace minfer::draw_math

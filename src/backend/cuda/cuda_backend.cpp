@@ -3,8 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <bit>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>

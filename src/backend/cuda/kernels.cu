@@ -397,8 +397,7 @@ __global__ void __launch_bounds__(kDrawThreads) draw_softmax_kernel(const float*
   float* lane_sum = reinterpret_cast<float*>(block_sum + n_blocks);  // [block][lane]
   float* drawn_weight = lane_sum + size_t(n_blocks) * kLanes;
   __shared__ float warp_max[kDrawThreads / 32];
-  __shared__ int drawn_block;
-  __shared__ double drawn_cum, drawn_u;
+  __shared__ BlockPick pick;
   await_predecessor();
   const DrawJob job = jobs[blockIdx.x];
   const float* l = x + size_t(job.row) * size_t(ld);
@@ -430,33 +429,12 @@ __global__ void __launch_bounds__(kDrawThreads) draw_softmax_kernel(const float*
     block_sum[b] = double(lane_tree(lanes));
   }
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0;
-    for (int b = 0; b < n_blocks; ++b) total += block_sum[b];
-    const double u = job.uniform * total;
-    double cum = 0;
-    int b = 0;
-    while (b + 1 < n_blocks && cum + block_sum[b] <= u) cum += block_sum[b++];
-    drawn_block = b;
-    drawn_cum = cum;
-    drawn_u = u;
-  }
+  if (threadIdx.x == 0) pick = pick_block(block_sum, n_blocks, job.uniform);
   __syncthreads();
-  const int first = drawn_block * kBlock, last = min(width, first + kBlock);
+  const int first = pick.block * kBlock, last = min(width, first + kBlock);
   for (int j = first + int(threadIdx.x); j < last; j += kDrawThreads) drawn_weight[j - first] = weight(l[j], max_logit, scale);
   __syncthreads();
-  if (threadIdx.x == 0) {
-    double cum = drawn_cum;
-    int32_t token = last - 1;  // rounding left u past the block's own sum
-    for (int j = first; j < last; ++j) {
-      cum += double(drawn_weight[j - first]);
-      if (drawn_u < cum) {
-        token = j;
-        break;
-      }
-    }
-    tokens[blockIdx.x] = token;
-  }
+  if (threadIdx.x == 0) tokens[blockIdx.x] = pick_token(drawn_weight, first, last - first, pick);
 }
 
 void launch_draw_softmax(const float* x, int64_t ld, int width, const DrawJob* jobs, int n_jobs, int32_t* tokens,
@@ -464,12 +442,17 @@ void launch_draw_softmax(const float* x, int64_t ld, int width, const DrawJob* j
   if (n_jobs <= 0) return;
   if (width <= 0) fail("draw: a row of ", width, " entries");
   const size_t smem = draw_smem_bytes(width);
-  int device = 0, max_smem = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (smem > size_t(max_smem)) fail("draw: a vocabulary of ", width, " entries needs ", smem, " bytes of shared memory, more than the ", max_smem, " a block has");
-  const cudaError_t e = cudaFuncSetAttribute(draw_softmax_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-  if (e != cudaSuccess) fail("draw: cannot set the shared-memory size: ", cudaGetErrorString(e));
+  // Up to 48 KB (a 300k vocabulary) needs no opt-in; only larger ones pay the queries each launch.
+  if (smem > 48 * 1024) {
+    int device = 0, max_smem = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (smem > size_t(max_smem))
+      fail("draw: a vocabulary of ", width, " entries needs ", smem, " bytes of shared memory, more than the ",
+           max_smem, " a block has");
+    const cudaError_t e = cudaFuncSetAttribute(draw_softmax_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+    if (e != cudaSuccess) fail("draw: cannot set the shared-memory size: ", cudaGetErrorString(e));
+  }
   launch_kernel("draw_softmax", draw_softmax_kernel, n_jobs, kDrawThreads, smem, s, x, ld, width, jobs, tokens);
 }
 
