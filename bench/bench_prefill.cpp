@@ -5,7 +5,9 @@
 // Report TFLOP/s = the counter; `per_forward` says how many such GEMMs one forward runs, `splits`
 // and `m_tile` which GEMM plan ran. Names: gemm/<model>/<matrix>/<type>/M<m> is the automatic
 // plan, .../nosplit the single-pass kernel (what MINFER_NO_GEMM_SPLITK=1 runs), .../splitS forces
-// S K slices (the sweep that checks the automatic choice), .../tileT forces the m tile.
+// S K slices (the sweep that checks the automatic choice), .../tileT forces the m tile;
+// gemm/7B/<matrix>/<type>/M<m>/plan512[/ntileT] are short prompts with the engine's K split
+// (planned for 512 tokens) and the automatic or a forced n-tile.
 //   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // Split-K A/B of the small-N matrices only:
 //   bench_prefill --benchmark_filter='^gemm/(7B|14B)/(attn_.|attn_output|ffn_down)/' \
@@ -96,12 +98,13 @@ void time_with_events(benchmark::State& state, double flops, Launch launch) {
 }
 
 void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile,
-                int k_splits = 0) {
+                int k_splits = 0, int64_t m_plan = 0, int n_tile = 0) {
   DeviceMemory y(size_t(m * n) * 4);
   cuda::PrefillGemm g;
   g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
   g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
+  g.m_plan = m_plan, g.n_tile = n_tile;
   DeviceMemory workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g), 256));
   g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
   time_with_events(state, 2.0 * double(m) * double(n) * double(k),
@@ -109,6 +112,7 @@ void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, in
   const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
   state.counters["splits"] = plan.k_splits;
   state.counters["m_tile"] = plan.m_tile;
+  state.counters["n_tile"] = plan.n_tile;
 }
 
 void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {
@@ -213,6 +217,18 @@ int register_all() {
       add("gemm/7B/" + matrix + "/" + type_traits(t).name + "/M512",
           [t, n = same->n, k = same->k](benchmark::State& s) { bench_gemm(s, t, n, k, 512, 0); });
     }
+  // Prompts as the engine runs them (the K split planned for 512 tokens): the automatic n-tile
+  // and each forced width, per 7B matrix (the sweep plan_n_tile was fitted to).
+  for (const PromptGemm& g : mix7b)
+    for (int64_t m : {16, 70, 128, 256, 512})
+      for (int n_tile : {0, 128, 64, 32}) {
+        const std::string name = "gemm/7B/" + g.matrix + "/" + type_traits(g.type).name + "/M" + std::to_string(m) +
+                                 "/plan512" + (n_tile ? "/ntile" + std::to_string(n_tile) : "");
+        add(name, [=](benchmark::State& s) {
+          bench_gemm(s, g.type, g.n, g.k, m, 0, 0, 512, n_tile);
+          s.counters["per_forward"] = g.per_forward;
+        });
+      }
   add("attention/7B/M4096/d0", [](benchmark::State& s) { bench_attention(s, 28, 4, 4096, 0); });
   return 0;
 }

@@ -238,7 +238,9 @@ struct LevelResult {
   std::vector<std::string> errors;
 };
 
-LevelResult run_level(const Target& t, const Options& o, int concurrency, int n_requests) {
+// Request i of a level sends the prompt of seed first_seed + i; levels get disjoint seed ranges so
+// that no prompt is answered from the prefix cache another level left behind.
+LevelResult run_level(const Target& t, const Options& o, int concurrency, int n_requests, uint64_t first_seed) {
   std::vector<RequestResult> results(static_cast<size_t>(n_requests));
   std::atomic<int> next{0};
   const auto start = Clock::now();
@@ -248,7 +250,7 @@ LevelResult run_level(const Target& t, const Options& o, int concurrency, int n_
       auto client = connect(t);
       open_connection(*client, t);
       for (int i; (i = next++) < n_requests;)
-        results[size_t(i)] = send_request(*client, t, o, random_prompt(o.prompt_words, o.seed + uint64_t(i)), o.max_tokens);
+        results[size_t(i)] = send_request(*client, t, o, random_prompt(o.prompt_words, first_seed + uint64_t(i)), o.max_tokens);
     });
   for (auto& th : clients) th.join();
   LevelResult L;
@@ -348,8 +350,11 @@ int run_bench_serve(int argc, char** argv) {
               o.ignore_eos ? " (ignore_eos)" : "", o.temperature);
 
   std::vector<LevelResult> all;
+  uint64_t first_seed = o.seed + 1;  // o.seed was the warm-up's prompt
   for (const int c : levels) {
-    all.push_back(run_level(target, o, c, requests > 0 ? requests : 4 * c));
+    const int n = requests > 0 ? requests : 4 * c;
+    all.push_back(run_level(target, o, c, n, first_seed));
+    first_seed += uint64_t(n);
     print_level(all.back());
   }
   std::printf("| clients | requests | failed | output tok/s | TTFT mean / p50 / p99 ms | TPOT mean / p50 / p99 ms | ITL mean / p50 / p99 ms |\n");

@@ -85,6 +85,7 @@ struct GemmCase {
   int64_t x_pad = 0, y_pad = 0;  // extra row stride
   int k_splits = 0;  // 0: automatic
   bool expect_split = false;  // the plan must split K (checks that the case tests split-K)
+  int n_tile = 0;  // 0: automatic
 };
 
 // Runs one GEMM and checks every output against the float64 dot of dequantize_row(W) and the
@@ -112,6 +113,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   g.residual = c.residual ? dy.ptr : nullptr;
   g.m_tile = c.m_tile;
   g.k_splits = c.k_splits;
+  g.n_tile = c.n_tile;
   if (c.expect_split) EXPECT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "m=" << c.m << " n=" << c.n << " k=" << c.k;
   DeviceBuffer<float> workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g) / 4, 1));
   g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * 4;
@@ -162,6 +164,52 @@ TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
   // second q6_K block starts 2 bytes off a word boundary, as do odd q8_0 blocks).
   for (int64_t m : {1, 7, 100, 512}) run_gemm_case({GetParam(), m, 264, 512}, salt += 10);
   run_gemm_case({GetParam(), 200, 136, 768, 128}, salt += 10);  // the 128-row m-tile
+  // Narrow n-tiles (2 or 4 threads a weight row), single pass and split, both m-tiles.
+  for (const int n_tile : {32, 64}) {
+    run_gemm_case({GetParam(), 70, 264, 512, 0, false, false, 0, 0, 1, false, n_tile}, salt += 10);
+    run_gemm_case({GetParam(), 130, 264, 512, 128, false, false, 0, 0, 3, true, n_tile}, salt += 10);
+  }
+}
+
+// The n-tile decides which CTA and thread compute an output, never its sums: every width gives the
+// bits of 128-row tiles, with and without split-K, at both m-tiles (so the engine may pick it per
+// step).
+TEST_P(PrefillGemmTypes, NarrowTilesGiveTheWideTilesBits) {
+  REQUIRE_DEVICE();
+  const GgmlType type = GetParam();
+  const int64_t n = 264, k = 768;  // n: 8.25 tiles of 32, a partial tile at every width
+  const std::vector<uint8_t> w = test::random_weight_rows(type, n, k, test::seed() + 9300 + uint64_t(type));
+  for (const int64_t m : {9, 70}) {
+    const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9301 + uint64_t(m));
+    std::vector<uint16_t> x_bf16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
+    const std::vector<float> bias = test::random_normal(size_t(n), 1.0f, 9302);
+    DeviceBuffer<uint8_t> dw(w);
+    DeviceBuffer<uint16_t> dx(x_bf16);
+    DeviceBuffer<float> dbias(bias), dy(size_t(m * n)), workspace(cuda::kPrefillGemmWorkspaceBytes / 4);
+    PrefillGemm g;
+    g.w_type = type, g.w = dw.ptr, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m;
+    g.y = dy.ptr, g.ldy = n, g.bias = dbias.ptr;
+    g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
+    for (const int k_splits : {1, 5})
+      for (const int m_tile : {64, 128}) {
+        const auto run = [&](int n_tile) {
+          g.k_splits = k_splits, g.m_tile = m_tile, g.n_tile = n_tile;
+          EXPECT_EQ(cuda::prefill_gemm_plan(g).n_tile, n_tile);
+          dy.fill_bytes(0xFF);
+          cuda::launch_prefill_gemm(g, nullptr);
+          check(cudaDeviceSynchronize(), "prefill GEMM");
+          return dy.download();
+        };
+        const std::vector<float> wide = run(128);
+        for (const int n_tile : {64, 32}) {
+          const std::vector<float> y = run(n_tile);
+          EXPECT_EQ(std::memcmp(y.data(), wide.data(), y.size() * sizeof(float)), 0)
+              << type_traits(type).name << " m=" << m << " k_splits=" << k_splits << " m_tile=" << m_tile
+              << " n_tile=" << n_tile;
+        }
+      }
+  }
 }
 
 // Split-K: forced uneven slices (k = 512 is 8 K steps: 3 slices of 3, 3, 2; 8 slices of one step)
@@ -236,6 +284,36 @@ TEST(PrefillGemm, AutomaticSplitKOnlyForSmallGrids) {
     EXPECT_EQ(plan.m_tile, 64);  // the single-pass choice for this grid
   }
   EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, small.k_splits);  // restored after the scope
+}
+
+// The K split is planned for m_plan tokens; the n-tile follows the tokens present (the rule fitted
+// to bench_prefill's sweep, prefill_gemm.cu), and MINFER_NO_NARROW_GEMM_TILES=1 keeps 128 rows.
+TEST(PrefillGemm, NarrowTilesFollowTheGrid) {
+  PrefillGemm g;
+  g.w_type = GgmlType::Q4_K, g.k = 3584, g.m_plan = 512, g.sm_count = 132;
+  const auto n_tile = [&](int64_t n, int64_t m) {
+    g.n = n, g.m = m;
+    return cuda::prefill_gemm_plan(g).n_tile;
+  };
+  EXPECT_EQ(n_tile(3584, 512), 128);  // q at the planned count: 224 CTAs of 128 rows
+  EXPECT_EQ(n_tile(3584, 70), 32);    // 56 CTAs of 128 rows; 224 of 32 fit a wave of two a SM
+  EXPECT_EQ(n_tile(3584, 256), 64);   // 112 of 128 rows; 448 of 32 would not
+  EXPECT_EQ(n_tile(18944, 70), 128);  // gate: 148 CTAs of 128 rows
+  g.k = 18944;
+  EXPECT_EQ(n_tile(3584, 70), 128);  // down: 196 CTAs of 128 rows (7 K slices)
+  g.w_type = GgmlType::Q6_K;
+  EXPECT_EQ(n_tile(3584, 70), 64);   // q6_K below two CTAs of 128 rows a SM
+  EXPECT_EQ(n_tile(3584, 512), 128);
+  {
+    const ScopedEnv off("MINFER_NO_NARROW_GEMM_TILES", "1");
+    EXPECT_EQ(n_tile(3584, 70), 128);
+  }
+  g.n_tile = 32;  // a forced width wins
+  EXPECT_EQ(n_tile(3584, 70), 32);
+  g.m = 512;  // the K split is the planned count's whatever the width
+  const int planned_splits = cuda::prefill_gemm_plan(g).k_splits;
+  g.m = 70, g.n_tile = 0;
+  EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, planned_splits);
 }
 
 // Split-K sums its slices in a fixed order: two runs are bitwise equal. MINFER_NO_GEMM_SPLITK=1

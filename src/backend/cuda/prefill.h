@@ -53,6 +53,10 @@ struct PrefillGemm {
   const float* bias = nullptr;      // [n] or null
   const float* residual = nullptr;  // [m][ldy] added to the product, or null; may equal y
   int m_tile = 0;  // 0: chosen from the grid size; 64 or 128 force one (tests, bench)
+  // Weight rows a CTA: 0 chooses from the grid and the type (128 everywhere when
+  // MINFER_NO_NARROW_GEMM_TILES is set to anything but "0"); 32, 64 or 128 force one. The width
+  // never changes the bits of an output.
+  int n_tile = 0;
   // Split-K: the K loop is cut into k_splits slices run by separate CTAs; each writes its f32
   // partial tile to the workspace and a second kernel sums the slices in slice order (then + bias,
   // then + residual), so results are deterministic run to run. 0: chosen from the grid size (1
@@ -78,6 +82,7 @@ constexpr size_t kPrefillGemmWorkspaceBytes = size_t(64) << 20;
 // split-K). Reads MINFER_NO_GEMM_SPLITK; g must pass launch_prefill_gemm's checks.
 struct PrefillGemmPlan {
   int m_tile = 0;
+  int n_tile = 128;
   int k_splits = 1;
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);

@@ -1,13 +1,15 @@
 // Prefill GEMM: Y[m, n] = X[m, :] . W[n, :] (+ bias) (+ residual) with W in its GGUF layout.
-// Each CTA dequantizes a 128-row x 64-K slice of W per step into shared memory as bf16 (exact f32
-// dequantization, one rounding to bf16) and runs mma.sync m16n8k16 against the bf16 activation
-// tile, which arrives through a 3-stage cp.async pipeline. The weight slice for step k+2 is loaded
-// into registers while step k computes and is dequantized into the other shared buffer after it.
+// Each CTA dequantizes a 128-row (or, for small grids, 64- or 32-row) x 64-K slice of W per step
+// into shared memory as bf16 (exact f32 dequantization, one rounding to bf16) and runs mma.sync
+// m16n8k16 against the bf16 activation tile, which arrives through a 3-stage cp.async pipeline.
+// The weight slice for step k+2 is loaded into registers while step k computes and is
+// dequantized into the other shared buffer after it.
 // Split-K (small grids): blockIdx.z selects a slice of the K steps; the CTA stores its raw f32
 // accumulators into a workspace plane and splitk_reduce_kernel sums the planes in slice order.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
@@ -19,19 +21,24 @@ namespace {
 using namespace prefill_detail;
 
 constexpr int kBK = 64;           // K elements per pipeline step (one weight "chunk" per row)
-constexpr int kBN = 128;          // weight rows per CTA: one row per thread
-constexpr int kThreads = 128;     // 4 warps as 2 (m) x 2 (n), each warp 64 columns of n
+constexpr int kThreads = 128;     // 4 warps as 2 (m) x 2 (n), each warp half the n-tile
 constexpr int kAStages = 3;       // activation pipeline depth
 constexpr int kChunksPerRow = kBK * 2 / 16;  // 16-byte chunks per 64-element bf16 tile row
 using Tile = SwizzledTile<kChunksPerRow>;
-static_assert(kBN == kThreads, "REQUIRES: each thread dequantizes exactly one weight row per step");
 
-template <int kBM>
+// A CTA computes kBM tokens x kBN weight rows. 128 rows give each thread one weight row; 64 or
+// 32 rows give a row 2 or 4 threads and the grid 2 or 4 times the CTAs, for more instructions
+// (each CTA loads and reads its activation tile). plan_n_tile picks the width by measurement; it
+// decides which CTA computes an output, never its sums.
+template <int kBM, int kBN>
 struct GemmShape {
   static_assert(kBM == 64 || kBM == 128, "two m-tiles: 64 for small grids, 128 otherwise");
+  static_assert(kBN == 32 || kBN == 64 || kBN == 128, "REQUIRES: 1, 2 or 4 threads per weight row");
+  static constexpr int kParts = kThreads / kBN;  // threads per weight row
   static constexpr int kWarpM = kBM / 2;        // rows per warp
   static constexpr int kMFrags = kWarpM / 16;   // m16 fragments per warp
-  static constexpr int kNFrags = 8;             // n8 fragments per warp (64 columns)
+  static constexpr int kWarpN = kBN / 2;        // columns per warp
+  static constexpr int kNFrags = kWarpN / 8;    // n8 fragments per warp
   static constexpr int kAStageBytes = kBM * Tile::kRowBytes;
   static constexpr int kBBufferBytes = kBN * Tile::kRowBytes;
   static constexpr int kSmemBytes = kAStages * kAStageBytes + 2 * kBBufferBytes;
@@ -54,9 +61,14 @@ struct GemmParams {
 
 // ---- weight decoding: 64 consecutive K elements of one row -> 8 chunks of 8 bf16 ----------------
 
-__device__ __forceinline__ float small_uint_to_float(uint32_t u) {  // exact for u < 2^23
-  return __int_as_float(0x4B000000u | u) - 8388608.0f;
+// The quants are unpacked four at a time: whole-word shifts and masks leave one quant in each
+// byte, and one byte permute puts byte i under the exponent of 2^23, giving the float 2^23 + byte
+// (exact); subtracting 2^23 (plus the type's offset, 32 for q6_K, 128 for q8_0) is exact too, so
+// every weight is the same f32 as dequantize_row computes, for a few instructions each.
+__device__ __forceinline__ float two_pow_23_plus_byte(uint32_t bytes, int i) {
+  return __int_as_float(__byte_perm(bytes, 0x4B000000u, 0x7440u | uint32_t(i)));
 }
+constexpr float kTwoPow23 = 8388608.0f;
 __device__ __forceinline__ uint32_t byte_at(uint32_t w, int i) { return (w >> (8 * i)) & 0xFFu; }
 __device__ __forceinline__ float f16_bits_to_float(uint32_t bits) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
@@ -90,20 +102,43 @@ struct Unaligned2Words {
   __device__ __forceinline__ uint32_t word(int i) const { return __funnelshift_r(w[i], w[i + 1], shift); }
 };
 
-template <GgmlType T>
+// A thread decodes part `part` of kParts equal parts of a row's 64-K step: elements
+// [part * 64 / kParts, (part + 1) * 64 / kParts), as kChunks = 8 / kParts chunks of 8 bf16. Narrow
+// n-tiles give one row several threads (kParts > 1); the values are the same whatever kParts is.
+// load() fetches only the part's bytes; chunk(c) needs a compile-time c (register arrays).
+template <GgmlType T, int kParts>
 struct WeightChunk;
 
-template <>
-struct WeightChunk<GgmlType::Q4_K> {  // d, dmin, scales[12] | qs[128]; groups of 32 (6-bit sc, m)
+template <int kParts>
+struct PartShape {
+  static_assert(kParts == 1 || kParts == 2 || kParts == 4, "REQUIRES: 1, 2 or 4 threads per weight row");
+  static constexpr int kChunks = 8 / kParts;
+  static constexpr int kElements = 64 / kParts;
+  // The part's half of a 64-element span made of two 32-element halves (runtime for kParts > 1;
+  // for kParts = 1 each chunk names its own half: half(c) = c / 4).
+  __device__ static int half0(int part) { return kParts == 1 ? 0 : part / (kParts / 2); }
+  template <int c>
+  __device__ static int half(int part) { return kParts == 1 ? c / 4 : half0(part); }
+  // Byte offset of the part inside its 32-byte half (only 4 parts split a half).
+  __device__ static int byte_in_half(int part) { return kParts == 4 ? 16 * (part % 2) : 0; }
+  // Bytes of a 32-byte half a part reads.
+  static constexpr int kHalfBytes = kParts == 4 ? 16 : 32;
+};
+
+template <int kParts>
+struct WeightChunk<GgmlType::Q4_K, kParts> {  // d, dmin, scales[12] | qs[128]; groups of 32 (6-bit sc, m)
+  using Part = PartShape<kParts>;
   uint32_t head[4];
-  uint32_t qs[8];  // qs bytes [32*pair, 32*pair + 32): groups 2*pair (low nibble), 2*pair+1 (high)
-  int pair;
-  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+  uint32_t qs[Part::kHalfBytes / 4];  // qs bytes of pair `pair`: low nibbles group 2*pair, high 2*pair+1
+  int pair, part;
+  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part_) {
+    part = part_;
     const uint8_t* blk = row + (k0 / QK_K) * sizeof(BlockQ4_K);
     pair = (k0 % QK_K) / kBK;
     load16(head, blk);
-    load16(qs, blk + 16 + 32 * pair);
-    load16(qs + 4, blk + 32 + 32 * pair);
+    const uint8_t* q = blk + 16 + 32 * pair + Part::byte_in_half(part);
+#pragma unroll
+    for (int i = 0; i < Part::kHalfBytes / 16; ++i) load16(qs + 4 * i, q + 16 * i);
   }
   // 6-bit scale and min of group j (0..7) from the 12 packed bytes (the GGUF q4_K/q5_K packing).
   __device__ __forceinline__ static void scale_min(const uint32_t* head, int j, float& dl, float& ml) {
@@ -120,137 +155,156 @@ struct WeightChunk<GgmlType::Q4_K> {  // d, dmin, scales[12] | qs[128]; groups o
     dl = f16_bits_to_float(head[0] & 0xFFFF) * float(sc);
     ml = f16_bits_to_float(head[0] >> 16) * float(mn);
   }
-  __device__ __forceinline__ uint4 chunk(int c) const {
+  template <int c>
+  __device__ __forceinline__ uint4 chunk() const {
+    const int half = Part::template half<c>(part);
     float dl, ml;
-    scale_min(head, 2 * pair + c / 4, dl, ml);
-    const int shift = 4 * (c / 4);
-    return pack8([&](int e) {
-      const uint32_t q = (byte_at(qs[2 * (c % 4) + e / 4], e % 4) >> shift) & 0xF;
-      return dl * small_uint_to_float(q) - ml;
-    });
+    scale_min(head, 2 * pair + half, dl, ml);
+    const int shift = 4 * half;
+    const uint32_t q0 = (qs[2 * (c % 4)] >> shift) & 0x0F0F0F0Fu, q1 = (qs[2 * (c % 4) + 1] >> shift) & 0x0F0F0F0Fu;
+    return pack8([&](int e) { return dl * (two_pow_23_plus_byte(e < 4 ? q0 : q1, e % 4) - kTwoPow23) - ml; });
   }
 };
 
-template <>
-struct WeightChunk<GgmlType::Q5_K> {  // as q4_K plus qh[32]: bit j of qh[l] is bit 4 of group j
+template <int kParts>
+struct WeightChunk<GgmlType::Q5_K, kParts> {  // as q4_K plus qh[32]: bit j of qh[l] is bit 4 of group j
+  using Part = PartShape<kParts>;
   uint32_t head[4];
-  uint32_t qh[8];
-  uint32_t qs[8];
-  int pair;
-  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+  uint32_t qh[Part::kHalfBytes / 4];
+  uint32_t qs[Part::kHalfBytes / 4];
+  int pair, part;
+  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part_) {
+    part = part_;
     const uint8_t* blk = row + (k0 / QK_K) * sizeof(BlockQ5_K);
     pair = (k0 % QK_K) / kBK;
     load16(head, blk);
-    load16(qh, blk + 16);
-    load16(qh + 4, blk + 32);
-    load16(qs, blk + 48 + 32 * pair);
-    load16(qs + 4, blk + 64 + 32 * pair);
+    const int offset = Part::byte_in_half(part);
+#pragma unroll
+    for (int i = 0; i < Part::kHalfBytes / 16; ++i) {
+      load16(qh + 4 * i, blk + 16 + offset + 16 * i);
+      load16(qs + 4 * i, blk + 48 + 32 * pair + offset + 16 * i);
+    }
   }
-  __device__ __forceinline__ uint4 chunk(int c) const {
-    const int group = 2 * pair + c / 4;
+  template <int c>
+  __device__ __forceinline__ uint4 chunk() const {
+    const int half = Part::template half<c>(part);
+    const int group = 2 * pair + half;
     float dl, ml;
-    WeightChunk<GgmlType::Q4_K>::scale_min(head, group, dl, ml);
-    const int shift = 4 * (c / 4);
-    return pack8([&](int e) {
-      const int w = 2 * (c % 4) + e / 4;
-      const uint32_t q = ((byte_at(qs[w], e % 4) >> shift) & 0xF) |
-                         (((byte_at(qh[w], e % 4) >> group) & 1) << 4);
-      return dl * small_uint_to_float(q) - ml;
-    });
+    WeightChunk<GgmlType::Q4_K, kParts>::scale_min(head, group, dl, ml);
+    const int shift = 4 * half;
+    const auto quants = [&](int w) {  // four 5-bit quants, one a byte
+      return ((qs[w] >> shift) & 0x0F0F0F0Fu) | (((qh[w] >> group) & 0x01010101u) << 4);
+    };
+    const uint32_t q0 = quants(2 * (c % 4)), q1 = quants(2 * (c % 4) + 1);
+    return pack8([&](int e) { return dl * (two_pow_23_plus_byte(e < 4 ? q0 : q1, e % 4) - kTwoPow23) - ml; });
   }
 };
 
-template <>
-struct WeightChunk<GgmlType::Q6_K> {  // ql[128] | qh[64] | int8 scales[16] | d; halves of 128
-  Unaligned2Words<16> ql;   // ql[64h .. 64h+64)
-  Unaligned2Words<8> qh;    // qh[32h .. 32h+32)
-  Unaligned2Words<1> sc;    // scales[8h + 4*p2 .. +4): the four 16-element scales of this chunk
+template <int kParts>
+struct WeightChunk<GgmlType::Q6_K, kParts> {  // ql[128] | qh[64] | int8 scales[16] | d; halves of 128
+  using Part = PartShape<kParts>;
+  // This step's 64 elements are two 32-element groups (hi = 0, 1: ql bytes +32, qh bits +2).
+  Unaligned2Words<Part::kElements / 4> ql;   // the part's ql bytes of ql[64h .. 64h+64)
+  Unaligned2Words<Part::kHalfBytes / 4> qh;  // the part's qh bytes of qh[32h .. 32h+32)
+  Unaligned2Words<1> sc;    // scales[8h + 4*p2 .. +4): the four 16-element scales of this step
   uint32_t d_bits;
   int p2;  // which 64 of the half: groups 2*p2, 2*p2+1 of it
-  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+  int part;
+  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part_) {
+    part = part_;
     const uint8_t* blk = row + (k0 / QK_K) * sizeof(BlockQ6_K);
     const int half = (k0 % QK_K) / 128;
     p2 = (k0 % 128) / kBK;
-    ql.load(blk + 64 * half);
-    qh.load(blk + 128 + 32 * half);
+    ql.load(blk + 64 * half + Part::kElements * part);
+    qh.load(blk + 128 + 32 * half + Part::byte_in_half(part));
     sc.load(blk + 192 + 8 * half + 4 * p2);
     d_bits = __ldg(reinterpret_cast<const unsigned short*>(blk + 208));
   }
-  __device__ __forceinline__ uint4 chunk(int c) const {
-    const int hi = c / 4;  // second group of the pair: ql bytes +32, qh bits +2
+  template <int c>
+  __device__ __forceinline__ uint4 chunk() const {
+    const int hi = Part::template half<c>(part);
+    const int chunk_in_group = kParts == 4 ? 2 * (part % 2) + c : c % 4;  // 8-element chunk of 32
     const int lshift = 4 * p2, hshift = 4 * p2 + 2 * hi;
-    const int scale = int(int8_t(byte_at(sc.word(0), 2 * hi + (c % 4) / 2)));
+    const int scale = int(int8_t(byte_at(sc.word(0), 2 * hi + chunk_in_group / 2)));
     const float dl = f16_bits_to_float(d_bits) * float(scale);
-    const uint32_t l0 = ql.word(8 * hi + 2 * (c % 4)), l1 = ql.word(8 * hi + 2 * (c % 4) + 1);
-    const uint32_t h0 = qh.word(2 * (c % 4)), h1 = qh.word(2 * (c % 4) + 1);
-    return pack8([&](int e) {
-      const uint32_t lw = e < 4 ? l0 : l1, hw = e < 4 ? h0 : h1;
-      const uint32_t u = ((byte_at(lw, e % 4) >> lshift) & 0xF) | (((byte_at(hw, e % 4) >> hshift) & 3) << 4);
-      return dl * (small_uint_to_float(u) - 32.0f);
-    });
+    const auto quants = [&](uint32_t lw, uint32_t hw) {  // four unsigned 6-bit quants, one a byte
+      return ((lw >> lshift) & 0x0F0F0F0Fu) | (((hw >> hshift) & 0x03030303u) << 4);
+    };
+    const uint32_t u0 = quants(ql.word(2 * c), qh.word(2 * (c % 4)));
+    const uint32_t u1 = quants(ql.word(2 * c + 1), qh.word(2 * (c % 4) + 1));
+    return pack8([&](int e) { return dl * (two_pow_23_plus_byte(e < 4 ? u0 : u1, e % 4) - (kTwoPow23 + 32.0f)); });
   }
 };
 
-template <>
-struct WeightChunk<GgmlType::Q8_0> {  // two 34-byte blocks: f16 d | int8 qs[32]
-  Unaligned2Words<8> qs[2];
-  uint32_t d_bits[2];
-  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+template <int kParts>
+struct WeightChunk<GgmlType::Q8_0, kParts> {  // two 34-byte blocks: f16 d | int8 qs[32]
+  using Part = PartShape<kParts>;
+  static constexpr int kBlocks = kParts == 1 ? 2 : 1;
+  Unaligned2Words<Part::kHalfBytes / 4> qs[kBlocks];
+  uint32_t d_bits[kBlocks];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part) {
     const uint8_t* blk = row + (k0 / QK) * sizeof(BlockQ8_0);
 #pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      d_bits[b] = __ldg(reinterpret_cast<const unsigned short*>(blk + b * sizeof(BlockQ8_0)));
-      qs[b].load(blk + b * sizeof(BlockQ8_0) + 2);
+    for (int b = 0; b < kBlocks; ++b) {
+      const uint8_t* block = blk + (kParts == 1 ? b : Part::half0(part)) * sizeof(BlockQ8_0);
+      d_bits[b] = __ldg(reinterpret_cast<const unsigned short*>(block));
+      qs[b].load(block + 2 + Part::byte_in_half(part));
     }
   }
-  __device__ __forceinline__ uint4 chunk(int c) const {
-    const Unaligned2Words<8>& q = qs[c / 4];
-    const float d = f16_bits_to_float(d_bits[c / 4]);
-    const uint32_t w0 = q.word(2 * (c % 4)), w1 = q.word(2 * (c % 4) + 1);
-    return pack8([&](int e) {
-      const uint32_t biased = byte_at(e < 4 ? w0 : w1, e % 4) ^ 0x80u;  // int8 + 128
-      return d * (small_uint_to_float(biased) - 128.0f);
-    });
+  template <int c>
+  __device__ __forceinline__ uint4 chunk() const {
+    const Unaligned2Words<Part::kHalfBytes / 4>& q = qs[kParts == 1 ? c / 4 : 0];
+    const float d = f16_bits_to_float(d_bits[kParts == 1 ? c / 4 : 0]);
+    const uint32_t b0 = q.word(2 * (c % 4)) ^ 0x80808080u, b1 = q.word(2 * (c % 4) + 1) ^ 0x80808080u;  // int8 + 128
+    return pack8([&](int e) { return d * (two_pow_23_plus_byte(e < 4 ? b0 : b1, e % 4) - (kTwoPow23 + 128.0f)); });
   }
 };
 
-template <>
-struct WeightChunk<GgmlType::F16> {
-  uint32_t raw[32];
-  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+template <int kParts>
+struct WeightChunk<GgmlType::F16, kParts> {
+  using Part = PartShape<kParts>;
+  uint32_t raw[4 * Part::kChunks];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part) {
+    const uint8_t* src = row + size_t(k0 + Part::kElements * part) * 2;
 #pragma unroll
-    for (int c = 0; c < 8; ++c) load16(raw + 4 * c, row + size_t(k0) * 2 + 16 * c);
+    for (int c = 0; c < Part::kChunks; ++c) load16(raw + 4 * c, src + 16 * c);
   }
-  __device__ __forceinline__ uint4 chunk(int c) const {
+  template <int c>
+  __device__ __forceinline__ uint4 chunk() const {
     return pack8([&](int e) { return f16_bits_to_float(raw[4 * c + e / 2] >> (16 * (e % 2))); });
   }
 };
 
-template <>
-struct WeightChunk<GgmlType::BF16> {
-  uint32_t raw[32];
-  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
+template <int kParts>
+struct WeightChunk<GgmlType::BF16, kParts> {
+  using Part = PartShape<kParts>;
+  uint32_t raw[4 * Part::kChunks];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part) {
+    const uint8_t* src = row + size_t(k0 + Part::kElements * part) * 2;
 #pragma unroll
-    for (int c = 0; c < 8; ++c) load16(raw + 4 * c, row + size_t(k0) * 2 + 16 * c);
+    for (int c = 0; c < Part::kChunks; ++c) load16(raw + 4 * c, src + 16 * c);
   }
-  __device__ __forceinline__ uint4 chunk(int c) const {
+  template <int c>
+  __device__ __forceinline__ uint4 chunk() const {
     return make_uint4(raw[4 * c], raw[4 * c + 1], raw[4 * c + 2], raw[4 * c + 3]);
   }
 };
 
-template <>
-struct WeightChunk<GgmlType::F32> {  // converted at load time (f32 weights are the rare case)
-  uint32_t packed[32];
-  __device__ __forceinline__ void load(const uint8_t* row, int k0) {
-    const float4* src = reinterpret_cast<const float4*>(row + size_t(k0) * 4);
+template <int kParts>
+struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weights are the rare case)
+  using Part = PartShape<kParts>;
+  uint32_t packed[4 * Part::kChunks];
+  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part) {
+    const float4* src = reinterpret_cast<const float4*>(row + size_t(k0 + Part::kElements * part) * 4);
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
+    for (int i = 0; i < 2 * Part::kChunks; ++i) {
       const float4 v = __ldg(src + i);
       packed[2 * i] = pack_bf16x2(v.x, v.y);
       packed[2 * i + 1] = pack_bf16x2(v.z, v.w);
     }
   }
-  __device__ __forceinline__ uint4 chunk(int c) const {
+  template <int c>
+  __device__ __forceinline__ uint4 chunk() const {
     return make_uint4(packed[4 * c], packed[4 * c + 1], packed[4 * c + 2], packed[4 * c + 3]);
   }
 };
@@ -263,9 +317,9 @@ struct WeightChunk<GgmlType::F32> {  // converted at load time (f32 weights are 
 // so the CTAs that share one weight slice run together and it is read from DRAM once. kSplitK is
 // a template flag so the single-pass instantiation compiles to the same code (and registers) as
 // before split-K existed.
-template <GgmlType T, int kBM, bool kSplitK>
+template <GgmlType T, int kBM, int kBN, bool kSplitK>
 __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams p) {
-  using Shape = GemmShape<kBM>;
+  using Shape = GemmShape<kBM, kBN>;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t a_smem = shared_address(smem);
   const uint32_t b_smem = a_smem + kAStages * Shape::kAStageBytes;
@@ -290,14 +344,18 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
     }
   };
 
-  // Rows past n decode the last row (valid memory); their columns are never stored.
-  const uint8_t* w_row = p.w + int64_t(min(n0 + tid, p.n - 1)) * p.w_row_bytes;
-  WeightChunk<T> weights;
+  // Thread tid decodes part tid % kParts of weight row tid / kParts (adjacent threads, adjacent
+  // bytes). Rows past n decode the last row (valid memory); their columns are never stored.
+  constexpr int kParts = Shape::kParts;
+  const int w_tile_row = tid / kParts, w_part = tid % kParts;
+  const uint8_t* w_row = p.w + int64_t(min(n0 + w_tile_row, p.n - 1)) * p.w_row_bytes;
+  WeightChunk<T, kParts> weights;
   auto store_b = [&](int buffer) {
-#pragma unroll
-    for (int c = 0; c < kChunksPerRow; ++c)
-      *reinterpret_cast<uint4*>(b_smem_ptr + buffer * Shape::kBBufferBytes + Tile::offset(tid, c)) =
-          weights.chunk(c);
+    uint8_t* dst = b_smem_ptr + buffer * Shape::kBBufferBytes;
+    const int chunk0 = w_part * PartShape<kParts>::kChunks;
+    [&]<int... c>(std::integer_sequence<int, c...>) {
+      ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = weights.template chunk<c>()), ...);
+    }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
   };
 
   float acc[Shape::kMFrags][Shape::kNFrags][4];
@@ -313,9 +371,9 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
     if (s < steps) load_a(s, s);
     cp_async_commit();
   }
-  weights.load(w_row, first_step * kBK);
+  weights.load(w_row, first_step * kBK, w_part);
   store_b(0);
-  if (steps > 1) weights.load(w_row, (first_step + 1) * kBK);
+  if (steps > 1) weights.load(w_row, (first_step + 1) * kBK, w_part);
 
   for (int step = 0; step < steps; ++step) {
     // Groups committed so far: (kAStages - 1) + step; this step's A tile is the oldest pending one.
@@ -341,7 +399,7 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
       uint32_t b[Shape::kNFrags / 2][4];  // b[j]: n-fragments 2j (regs 0,1) and 2j+1 (regs 2,3)
 #pragma unroll
       for (int j = 0; j < Shape::kNFrags / 2; ++j)
-        ldmatrix_x4(b[j], b_buffer + Tile::offset(warp_n * 64 + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+        ldmatrix_x4(b[j], b_buffer + Tile::offset(warp_n * Shape::kWarpN + j * 16 + (lane & 7) + ((lane >> 4) << 3),
                                                   2 * kk + ((lane >> 3) & 1)));
 #pragma unroll
       for (int i = 0; i < Shape::kMFrags; ++i)
@@ -352,7 +410,7 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
 
     if (step + 1 < steps) {
       store_b((step + 1) & 1);  // buffer of step - 1: free since the barrier above
-      if (step + 2 < steps) weights.load(w_row, (first_step + step + 2) * kBK);
+      if (step + 2 < steps) weights.load(w_row, (first_step + step + 2) * kBK, w_part);
     }
   }
 
@@ -363,7 +421,7 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
     for (int i = 0; i < Shape::kMFrags; ++i)
 #pragma unroll
       for (int j = 0; j < Shape::kNFrags; ++j) {
-        const int col = n0 + warp_n * 64 + j * 8 + 2 * (lane & 3);
+        const int col = n0 + warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
         if (col >= p.n) continue;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -378,7 +436,7 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
     for (int i = 0; i < Shape::kMFrags; ++i) {
 #pragma unroll
       for (int j = 0; j < Shape::kNFrags; ++j) {
-        const int col = n0 + warp_n * 64 + j * 8 + 2 * (lane & 3);
+        const int col = n0 + warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
         if (col >= p.n) continue;  // n is even, so col + 1 < n too
         float2 bias = make_float2(0.0f, 0.0f);
         if (p.bias) bias = *reinterpret_cast<const float2*>(p.bias + col);
@@ -422,25 +480,35 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ partial, int spli
   *reinterpret_cast<float2*>(y + int64_t(row) * ldy + col) = v;
 }
 
-template <GgmlType T, int kBM, bool kSplitK>
+template <GgmlType T, int kBM, int kBN, bool kSplitK>
 void launch_typed(const GemmParams& p, int splits, cudaStream_t stream) {
-  constexpr int smem = GemmShape<kBM>::kSmemBytes;
+  constexpr int smem = GemmShape<kBM, kBN>::kSmemBytes;
   // Per call, for the current device (the attribute is per device, and cheap to set).
   const cudaError_t attr_status = cudaFuncSetAttribute(
-      prefill_gemm_kernel<T, kBM, kSplitK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      prefill_gemm_kernel<T, kBM, kBN, kSplitK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr_status != cudaSuccess)
     fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
   const dim3 grid((p.m + kBM - 1) / kBM, (p.n + kBN - 1) / kBN, splits);
-  prefill_gemm_kernel<T, kBM, kSplitK><<<grid, kThreads, smem, stream>>>(p);
+  prefill_gemm_kernel<T, kBM, kBN, kSplitK><<<grid, kThreads, smem, stream>>>(p);
+}
+
+template <GgmlType T, int kBM, int kBN>
+void launch_shaped(const GemmParams& p, int splits, cudaStream_t stream) {
+  splits > 1 ? launch_typed<T, kBM, kBN, true>(p, splits, stream) : launch_typed<T, kBM, kBN, false>(p, 1, stream);
+}
+
+template <GgmlType T, int kBM>
+void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
+  switch (plan.n_tile) {
+    case 32: launch_shaped<T, kBM, 32>(p, plan.k_splits, stream); break;
+    case 64: launch_shaped<T, kBM, 64>(p, plan.k_splits, stream); break;
+    default: launch_shaped<T, kBM, 128>(p, plan.k_splits, stream); break;
+  }
 }
 
 template <GgmlType T>
 void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
-  const bool split = plan.k_splits > 1;
-  if (plan.m_tile == 128)
-    split ? launch_typed<T, 128, true>(p, plan.k_splits, stream) : launch_typed<T, 128, false>(p, 1, stream);
-  else
-    split ? launch_typed<T, 64, true>(p, plan.k_splits, stream) : launch_typed<T, 64, false>(p, 1, stream);
+  plan.m_tile == 128 ? launch_m_tiled<T, 128>(p, plan, stream) : launch_m_tiled<T, 64>(p, plan, stream);
 }
 
 int multiprocessor_count(const PrefillGemm& g) {
@@ -449,11 +517,6 @@ int multiprocessor_count(const PrefillGemm& g) {
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
   return n > 0 ? n : 132;
-}
-
-bool split_k_disabled() {
-  const char* v = std::getenv("MINFER_NO_GEMM_SPLITK");
-  return v && *v && std::strcmp(v, "0") != 0;
 }
 
 // Split-K cost model, in units of one 64-K step of a 128-row CTA while the SM holds two of them
@@ -487,6 +550,28 @@ int choose_splits(int64_t m, int64_t n, int steps, int64_t tiles128, int sm_coun
   return best;
 }
 
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v && std::strcmp(v, "0") != 0;
+}
+bool split_k_disabled() { return env_flag("MINFER_NO_GEMM_SPLITK"); }
+
+// The n-tile, given the m-tile and K split: the rule fitted to bench_prefill's sweep of the 7B
+// shapes at 16-512 tokens and checked end to end (docs/08, "Short prompts"). With fewer CTAs of
+// 128 rows than SMs, a narrower tile fills the card: 32 rows while they fit one wave of two a SM,
+// else 64. q6_K weights take 64 rows below two CTAs of 128 a SM. Otherwise 128 rows: at two and
+// more CTAs a SM the narrower tiles' extra instructions (each CTA loads and reads its activation
+// tile) cost more than they fill.
+int plan_n_tile(const PrefillGemm& g, const PrefillGemmPlan& plan, int sm_count) {
+  if (g.n_tile) return g.n_tile;
+  if (env_flag("MINFER_NO_NARROW_GEMM_TILES")) return 128;
+  const int64_t m_tiles = (g.m + plan.m_tile - 1) / plan.m_tile;
+  const auto ctas = [&](int n_tile) { return m_tiles * ((g.n + n_tile - 1) / n_tile) * plan.k_splits; };
+  const int64_t sms = sm_count;
+  if (ctas(128) < sms) return ctas(32) <= 2 * sms ? 32 : 64;
+  return g.w_type == GgmlType::Q6_K && ctas(128) < 2 * sms ? 64 : 128;
+}
+
 bool is_k_type(GgmlType t) {
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
@@ -512,7 +597,7 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   const int sm_count = multiprocessor_count(g);
   const int steps = std::max(1, int(g.k / kBK));
   const int64_t m = g.m_plan > 0 ? g.m_plan : g.m;
-  const int64_t tiles128 = ((m + 127) / 128) * ((g.n + kBN - 1) / kBN);
+  const int64_t tiles128 = ((m + 127) / 128) * ((g.n + 127) / 128);
   // Without split-K, 128-row m-tiles halve the weight dequantization per FLOP, and 64-row tiles
   // double the CTA count when 128 would leave the SMs (two CTAs each) less than two waves of work.
   const bool enough_tiles = tiles128 >= 4 * int64_t(sm_count);
@@ -521,15 +606,17 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   PrefillGemmPlan plan;
   if (single_pass) {
     plan.m_tile = g.m_tile ? g.m_tile : (enough_tiles ? 128 : 64);
-    return plan;
+  } else {
+    // Small grid: split-K restores the CTA count, so the tiles can stay at 128 rows (half the
+    // dequantization per FLOP; the cost model counts waves of two per SM) unless m fits in 64.
+    plan.k_splits = g.k_splits ? g.k_splits : choose_splits(m, g.n, steps, tiles128, sm_count, workspace_bytes);
+    // Equal slices of whole steps, none empty.
+    const int slice = (steps + std::min(plan.k_splits, steps) - 1) / std::min(plan.k_splits, steps);
+    plan.k_splits = (steps + slice - 1) / slice;
+    plan.m_tile = g.m_tile ? g.m_tile : (g.m <= 64 ? 64 : 128);
   }
-  // Small grid: split-K restores the CTA count, so the tiles can stay at 128 rows (half the
-  // dequantization per FLOP; the cost model counts waves of two per SM) unless m fits in 64.
-  plan.k_splits = g.k_splits ? g.k_splits : choose_splits(m, g.n, steps, tiles128, sm_count, workspace_bytes);
-  // Equal slices of whole steps, none empty.
-  const int slice = (steps + std::min(plan.k_splits, steps) - 1) / std::min(plan.k_splits, steps);
-  plan.k_splits = (steps + slice - 1) / slice;
-  plan.m_tile = g.m_tile ? g.m_tile : (g.m <= 64 ? 64 : 128);
+  // The n-tile follows the tokens actually present (it does not change any output's sums).
+  plan.n_tile = plan_n_tile(g, plan, sm_count);
   return plan;
 }
 
@@ -545,6 +632,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.ldy < g.n || g.ldy % 2 != 0) fail("prefill GEMM: ldy = ", g.ldy, " must be >= n = ", g.n, " and even");
   if (g.m_tile != 0 && g.m_tile != 64 && g.m_tile != 128)
     fail("prefill GEMM: m_tile ", g.m_tile, " is not 0, 64 or 128");
+  if (g.n_tile != 0 && g.n_tile != 32 && g.n_tile != 64 && g.n_tile != 128)
+    fail("prefill GEMM: n_tile ", g.n_tile, " is not 0, 32, 64 or 128");
   if (g.k_splits < 0) fail("prefill GEMM: k_splits ", g.k_splits, " is negative");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
