@@ -2,6 +2,7 @@
 // transformers' float32 logits and greedy continuations (tools/train/train.py wrote them).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -116,6 +117,41 @@ TEST(DefaultModel, PerplexityOnHeldOutTextIsSane) {
   EXPECT_GT(r.ppl, hf_ppl / 2);
   EXPECT_LT(r.ppl, hf_ppl * 2);
   EXPECT_GT(r.ppl_err, 0);
+}
+
+// perplexity() runs each window's context half as a step of its own and scores the second half
+// on a thread pool; an independent computation (each window in one step, every row's logits,
+// log-sum-exp in long double) gives the same mean NLL.
+TEST(DefaultModel, PerplexityIsTheMeanNllOfEachWindowsSecondHalf) {
+  const Model model = Model::load(model_file("default.gguf").string());
+  const Tokenizer tok = Tokenizer::from_gguf(model.file);
+  std::ifstream in(test::source_dir() / "tests" / "data" / "kjv-heldout.txt");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  constexpr int kCtx = 64, kWindows = 3;
+  std::vector<int32_t> tokens = tok.encode(text, false, false);
+  tokens.resize(kCtx * kWindows + 10);  // a partial window at the end is not scored
+  Session s(model, cpu_options());
+  const PerplexityResult r = perplexity(s, tokens, kCtx, -1);
+
+  long double total = 0;
+  int64_t scored = 0;
+  for (int w = 0; w < kWindows; ++w) {
+    const std::vector<int32_t> window(tokens.begin() + w * kCtx, tokens.begin() + (w + 1) * kCtx);
+    s.reset();
+    const std::span<const float> logits = s.eval_all(window);
+    const size_t n_vocab = logits.size() / kCtx;
+    for (int j = kCtx / 2; j < kCtx - 1; ++j, ++scored) {
+      const float* row = logits.data() + size_t(j) * n_vocab;
+      const long double top = *std::max_element(row, row + n_vocab);
+      long double sum = 0;
+      for (size_t v = 0; v < n_vocab; ++v) sum += std::exp(static_cast<long double>(row[v]) - top);
+      total += top + std::log(sum) - row[window[size_t(j + 1)]];
+    }
+  }
+  EXPECT_EQ(r.n_windows, kWindows);
+  EXPECT_EQ(r.n_scored, scored);
+  EXPECT_NEAR(r.mean_nll, double(total / scored), 1e-9);
+  EXPECT_NEAR(r.ppl, std::exp(double(total / scored)), 1e-9 * r.ppl);
 }
 
 }  // namespace
