@@ -1,15 +1,9 @@
 #include "backend/plan.h"
 
-#include <cstdlib>
-#include <cstring>
+#include "util/env.h"
 
 namespace minfer {
 namespace {
-
-bool env_set(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
 
 class Lowering {
  public:
@@ -231,13 +225,13 @@ class Lowering {
 
 Fusions Fusions::from_env() {
   Fusions f;
-  f.decode_a_fuse = !env_set("MINFER_NO_DECODE_A_FUSE");
-  f.cuda_graph = !env_set("MINFER_NO_CUDA_GRAPH");
-  f.fused_qkv = !env_set("MINFER_NO_FUSED_QKV");
-  f.fused_ffn = !env_set("MINFER_NO_FUSED_FFN");
-  f.fused_residual = !env_set("MINFER_NO_FUSED_RESIDUAL");
-  f.pdl = !env_set("MINFER_NO_PDL");
-  f.batch_invariant = !env_set("MINFER_NONDETERMINISTIC");
+  f.decode_a_fuse = !env_flag("MINFER_NO_DECODE_A_FUSE");
+  f.cuda_graph = !env_flag("MINFER_NO_CUDA_GRAPH");
+  f.fused_qkv = !env_flag("MINFER_NO_FUSED_QKV");
+  f.fused_ffn = !env_flag("MINFER_NO_FUSED_FFN");
+  f.fused_residual = !env_flag("MINFER_NO_FUSED_RESIDUAL");
+  f.pdl = !env_flag("MINFER_NO_PDL");
+  f.batch_invariant = !env_flag("MINFER_NONDETERMINISTIC");
   return f;
 }
 

@@ -1,10 +1,9 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <memory>
-#include <string_view>
 
+#include "util/env.h"
 #include "util/error.h"
 #include "util/threadpool.h"
 
@@ -62,8 +61,7 @@ struct Scheduler::Active {
 };
 
 Scheduler::Scheduler(Engine& engine, SchedulerOptions opts) : engine_(engine), opts_(std::move(opts)), step_(engine) {
-  if (const char* off = std::getenv("MINFER_NO_BACKEND_DRAW"); off && *off && std::string_view(off) != "0")
-    opts_.backend_draws = false;
+  if (env_flag("MINFER_NO_BACKEND_DRAW")) opts_.backend_draws = false;
   if (opts_.max_seqs <= 0) fail("the number of parallel sequences must be positive, not ", opts_.max_seqs);
   if (opts_.step_tokens <= 0 || opts_.step_tokens > engine.max_tokens()) opts_.step_tokens = engine.max_tokens();
 }

@@ -7,12 +7,11 @@
 // Split-K (small grids): blockIdx.z selects a slice of the K steps; the CTA stores its raw f32
 // accumulators into a workspace plane and splitk_reduce_kernel sums the planes in slice order.
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <utility>
 
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
+#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -550,10 +549,6 @@ int choose_splits(int64_t m, int64_t n, int steps, int64_t tiles128, int sm_coun
   return best;
 }
 
-bool env_flag(const char* name) {
-  const char* v = std::getenv(name);
-  return v && *v && std::strcmp(v, "0") != 0;
-}
 bool split_k_disabled() { return env_flag("MINFER_NO_GEMM_SPLITK"); }
 
 // The n-tile, given the m-tile and K split: the rule fitted to bench_prefill's sweep of the 7B
