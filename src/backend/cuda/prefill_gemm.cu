@@ -259,8 +259,9 @@ struct WeightChunk<GgmlType::Q8_0, kParts> {  // two 34-byte blocks: f16 d | int
   }
 };
 
+// f16 and bf16 rows: the part's 16-bit elements as they are stored, 8 a chunk.
 template <int kParts>
-struct WeightChunk<GgmlType::F16, kParts> {
+struct Raw16BitChunks {
   using Part = PartShape<kParts>;
   uint32_t raw[4 * Part::kChunks];
   __device__ __forceinline__ void load(const uint8_t* row, int k0, int part) {
@@ -268,23 +269,22 @@ struct WeightChunk<GgmlType::F16, kParts> {
 #pragma unroll
     for (int c = 0; c < Part::kChunks; ++c) load16(raw + 4 * c, src + 16 * c);
   }
+};
+
+template <int kParts>
+struct WeightChunk<GgmlType::F16, kParts> : Raw16BitChunks<kParts> {
   template <int c>
   __device__ __forceinline__ uint4 chunk() const {
+    const uint32_t* raw = this->raw;
     return pack8([&](int e) { return f16_bits_to_float(raw[4 * c + e / 2] >> (16 * (e % 2))); });
   }
 };
 
 template <int kParts>
-struct WeightChunk<GgmlType::BF16, kParts> {
-  using Part = PartShape<kParts>;
-  uint32_t raw[4 * Part::kChunks];
-  __device__ __forceinline__ void load(const uint8_t* row, int k0, int part) {
-    const uint8_t* src = row + size_t(k0 + Part::kElements * part) * 2;
-#pragma unroll
-    for (int c = 0; c < Part::kChunks; ++c) load16(raw + 4 * c, src + 16 * c);
-  }
+struct WeightChunk<GgmlType::BF16, kParts> : Raw16BitChunks<kParts> {  // already the tile's format
   template <int c>
   __device__ __forceinline__ uint4 chunk() const {
+    const uint32_t* raw = this->raw;
     return make_uint4(raw[4 * c], raw[4 * c + 1], raw[4 * c + 2], raw[4 * c + 3]);
   }
 };
