@@ -6,6 +6,7 @@
 // and `m_tile` which GEMM plan ran. Names: gemm/<model>/<matrix>/<type>/M<m> is the automatic
 // plan, .../nosplit the single-pass kernel (what MINFER_NO_GEMM_SPLITK=1 runs), .../splitS forces
 // S K slices (the sweep that checks the automatic choice), .../tileT forces the m tile;
+// .../mmasync forces the mma.sync kernel where warpgroup MMA is the default (sm_90);
 // gemm/7B/<matrix>/<type>/M<m>/plan512[/ntileT] are short prompts with the engine's K split
 // (planned for 512 tokens) and the automatic or a forced n-tile.
 //   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -98,13 +99,13 @@ void time_with_events(benchmark::State& state, double flops, Launch launch) {
 }
 
 void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile,
-                int k_splits = 0, int64_t m_plan = 0, int n_tile = 0) {
+                int k_splits = 0, int64_t m_plan = 0, int n_tile = 0, int wgmma = 0) {
   DeviceMemory y(size_t(m * n) * 4);
   cuda::PrefillGemm g;
   g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
   g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
-  g.m_plan = m_plan, g.n_tile = n_tile;
+  g.m_plan = m_plan, g.n_tile = n_tile, g.wgmma = wgmma;
   DeviceMemory workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g), 256));
   g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
   time_with_events(state, 2.0 * double(m) * double(n) * double(k),
@@ -113,6 +114,7 @@ void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, in
   state.counters["splits"] = plan.k_splits;
   state.counters["m_tile"] = plan.m_tile;
   state.counters["n_tile"] = plan.n_tile;
+  state.counters["wgmma"] = plan.wgmma;
 }
 
 void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {
@@ -194,6 +196,10 @@ int register_all() {
           };
         };
         add(name, run(0, 0));
+        add(name + "/mmasync", [=](benchmark::State& s) {  // the mma.sync kernel (no warpgroup MMA)
+          bench_gemm(s, g.type, g.n, g.k, m, 0, 0, 0, 0, -1);
+          s.counters["per_forward"] = g.per_forward;
+        });
         add(name + "/nosplit", run(0, 1));
         if (m == 512 && g.n <= 8192)  // the split sweep: small-N matrices at one ubatch
           for (int splits : {2, 3, 4, 6, 8}) add(name + "/split" + std::to_string(splits), run(0, splits));

@@ -86,6 +86,7 @@ struct GemmCase {
   int k_splits = 0;  // 0: automatic
   bool expect_split = false;  // the plan must split K (checks that the case tests split-K)
   int n_tile = 0;  // 0: automatic
+  int wgmma = 0;   // 0: automatic (warpgroup MMA on sm_90), -1: mma.sync, 1: warpgroup MMA
 };
 
 // Runs one GEMM and checks every output against the float64 dot of dequantize_row(W) and the
@@ -114,6 +115,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   g.m_tile = c.m_tile;
   g.k_splits = c.k_splits;
   g.n_tile = c.n_tile;
+  g.wgmma = c.wgmma;
   if (c.expect_split) EXPECT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "m=" << c.m << " n=" << c.n << " k=" << c.k;
   DeviceBuffer<float> workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g) / 4, 1));
   g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * 4;
@@ -157,6 +159,14 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
 
 class PrefillGemmTypes : public testing::TestWithParam<GgmlType> {};
 
+bool device_is_sm90() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
 TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
   REQUIRE_DEVICE();
   uint64_t salt = 100 * uint64_t(GetParam());
@@ -168,6 +178,14 @@ TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
   for (const int n_tile : {32, 64}) {
     run_gemm_case({GetParam(), 70, 264, 512, 0, false, false, 0, 0, 1, false, n_tile}, salt += 10);
     run_gemm_case({GetParam(), 130, 264, 512, 128, false, false, 0, 0, 3, true, n_tile}, salt += 10);
+  }
+  // Both multiply kernels whichever the device picks by default: mma.sync everywhere, warpgroup
+  // MMA on sm_90 (every n-tile, both m-tiles, split and not).
+  for (const int n_tile : {32, 64, 128}) {
+    run_gemm_case({GetParam(), 100, 264, 512, 0, false, false, 0, 0, 1, false, n_tile, -1}, salt += 10);
+    if (!device_is_sm90()) continue;
+    run_gemm_case({GetParam(), 100, 264, 512, 64, false, false, 0, 0, 1, false, n_tile, 1}, salt += 10);
+    run_gemm_case({GetParam(), 200, 264, 512, 128, true, true, 0, 2, 3, true, n_tile, 1}, salt += 10);
   }
 }
 
@@ -308,6 +326,13 @@ TEST(PrefillGemm, NarrowTilesFollowTheGrid) {
     const ScopedEnv off("MINFER_NO_NARROW_GEMM_TILES", "1");
     EXPECT_EQ(n_tile(3584, 70), 128);
   }
+  {
+    const ScopedEnv off("MINFER_NO_WGMMA_GEMM", "1");
+    EXPECT_FALSE(cuda::prefill_gemm_plan(g).wgmma);
+  }
+  g.wgmma = -1;
+  EXPECT_FALSE(cuda::prefill_gemm_plan(g).wgmma);
+  g.wgmma = 0;
   g.n_tile = 32;  // a forced width wins
   EXPECT_EQ(n_tile(3584, 70), 32);
   g.m = 512;  // the K split is the planned count's whatever the width

@@ -57,6 +57,9 @@ struct PrefillGemm {
   // MINFER_NO_NARROW_GEMM_TILES is set to anything but "0"); 32, 64 or 128 force one. The width
   // never changes the bits of an output.
   int n_tile = 0;
+  // Warpgroup MMA (sm_90): 0 chooses it on an sm_90 device unless MINFER_NO_WGMMA_GEMM is set to
+  // anything but "0"; 1 forces it (an sm_90 device only), -1 forces the mma.sync kernel.
+  int wgmma = 0;
   // Split-K: the K loop is cut into k_splits slices run by separate CTAs; each writes its f32
   // partial tile to the workspace and a second kernel sums the slices in slice order (then + bias,
   // then + residual), so results are deterministic run to run. 0: chosen from the grid size (1
@@ -84,6 +87,7 @@ struct PrefillGemmPlan {
   int m_tile = 0;
   int n_tile = 128;
   int k_splits = 1;
+  bool wgmma = false;
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
 // Workspace bytes launch_prefill_gemm(g) needs (0 without split-K).

@@ -316,13 +316,28 @@ struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weig
 // so the CTAs that share one weight slice run together and it is read from DRAM once. kSplitK is
 // a template flag so the single-pass instantiation compiles to the same code (and registers) as
 // before split-K existed.
-template <GgmlType T, int kBM, int kBN, bool kSplitK>
+//
+// kWgmma: the CTA (one warpgroup) multiplies each step with warpgroup MMA (m64 x kBN x k16, both
+// operands read from the swizzled tiles by descriptor), issued before the next step's weights are
+// dequantized and waited for after, so the tensor cores work while the warps dequantize; the
+// accumulators hold m64 halves (kBM / 64 of them) of the whole n-tile. Otherwise each warp runs
+// mma.sync on its 2 x 2 share of the tile. REQUIRES for kWgmma: sm_90a (the launcher checks the
+// device; other compilations trap), kSmemBytes + 1024 bytes of dynamic shared memory (the tiles
+// are aligned to 1024 bytes inside it).
+template <GgmlType T, int kBM, int kBN, bool kSplitK, bool kWgmma>
 __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams p) {
   using Shape = GemmShape<kBM, kBN>;
+  if constexpr (kWgmma && !device_has_wgmma()) __trap();
   extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t a_smem = shared_address(smem);
+  const uint32_t smem_pad = kWgmma ? (1024u - (shared_address(smem) & 1023u)) & 1023u : 0u;
+  const uint32_t a_smem = shared_address(smem) + smem_pad;
   const uint32_t b_smem = a_smem + kAStages * Shape::kAStageBytes;
-  uint8_t* b_smem_ptr = smem + kAStages * Shape::kAStageBytes;
+  uint8_t* b_smem_ptr = smem + smem_pad + kAStages * Shape::kAStageBytes;
+  // Accumulators: [m16 fragment][n8 fragment] of the warp's share (mma.sync), or [m64 half][n8
+  // block] of the warpgroup's tile (wgmma); the same count either way.
+  constexpr int kAccM = kWgmma ? kBM / 64 : Shape::kMFrags;
+  constexpr int kAccN = kWgmma ? kBN / 8 : Shape::kNFrags;
+  static_assert(kAccM * kAccN == Shape::kMFrags * Shape::kNFrags, "the same accumulators");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 1, warp_n = warp & 1;
@@ -357,11 +372,11 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
     }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
   };
 
-  float acc[Shape::kMFrags][Shape::kNFrags][4];
+  float acc[kAccM][kAccN][4];
 #pragma unroll
-  for (int i = 0; i < Shape::kMFrags; ++i)
+  for (int i = 0; i < kAccM; ++i)
 #pragma unroll
-    for (int j = 0; j < Shape::kNFrags; ++j)
+    for (int j = 0; j < kAccN; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
 
@@ -377,8 +392,9 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
   for (int step = 0; step < steps; ++step) {
     // Groups committed so far: (kAStages - 1) + step; this step's A tile is the oldest pending one.
     cp_async_wait<kAStages - 2>();
+    if constexpr (kWgmma) fence_proxy_async_shared();  // this thread's tile writes, for the tensor cores
     // After this barrier: A stage `step` and B buffer `step & 1` are complete and visible, and every
-    // warp has finished step - 1, so its A stage and B buffer may be overwritten.
+    // warp has finished step - 1 (wgmma: waited for), so its A stage and B buffer may be overwritten.
     __syncthreads();
     {
       const int next = step + kAStages - 1;
@@ -388,43 +404,72 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
 
     const uint32_t a_stage = a_smem + (step % kAStages) * Shape::kAStageBytes;
     const uint32_t b_buffer = b_smem + (step & 1) * Shape::kBBufferBytes;
+    if constexpr (kWgmma) {
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk) {
-      uint32_t a[Shape::kMFrags][4];
+      for (int kk = 0; kk < kBK / 16; ++kk)  // each accumulator sums its K slices in order
 #pragma unroll
-      for (int i = 0; i < Shape::kMFrags; ++i)
-        ldmatrix_x4(a[i], a_stage + Tile::offset(warp_m * Shape::kWarpM + i * 16 + (lane & 15),
-                                                 2 * kk + (lane >> 4)));
-      uint32_t b[Shape::kNFrags / 2][4];  // b[j]: n-fragments 2j (regs 0,1) and 2j+1 (regs 2,3)
+        for (int i = 0; i < kAccM; ++i)
+          wgmma_bf16<kBN>(reinterpret_cast<float(&)[kBN / 2]>(acc[i]),
+                          sw128_descriptor(a_stage + i * 64 * Tile::kRowBytes + kk * 32),
+                          sw128_descriptor(b_buffer + kk * 32));
+      wgmma_commit();
+    } else {
 #pragma unroll
-      for (int j = 0; j < Shape::kNFrags / 2; ++j)
-        ldmatrix_x4(b[j], b_buffer + Tile::offset(warp_n * Shape::kWarpN + j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                                  2 * kk + ((lane >> 3) & 1)));
+      for (int kk = 0; kk < kBK / 16; ++kk) {
+        uint32_t a[Shape::kMFrags][4];
 #pragma unroll
-      for (int i = 0; i < Shape::kMFrags; ++i)
+        for (int i = 0; i < Shape::kMFrags; ++i)
+          ldmatrix_x4(a[i], a_stage + Tile::offset(warp_m * Shape::kWarpM + i * 16 + (lane & 15),
+                                                   2 * kk + (lane >> 4)));
+        uint32_t b[Shape::kNFrags / 2][4];  // b[j]: n-fragments 2j (regs 0,1) and 2j+1 (regs 2,3)
 #pragma unroll
-        for (int j = 0; j < Shape::kNFrags; ++j)
-          mma_bf16(acc[i][j], a[i], b[j / 2][2 * (j & 1)], b[j / 2][2 * (j & 1) + 1]);
+        for (int j = 0; j < Shape::kNFrags / 2; ++j)
+          ldmatrix_x4(b[j], b_buffer + Tile::offset(warp_n * Shape::kWarpN + j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                    2 * kk + ((lane >> 3) & 1)));
+#pragma unroll
+        for (int i = 0; i < Shape::kMFrags; ++i)
+#pragma unroll
+          for (int j = 0; j < Shape::kNFrags; ++j)
+            mma_bf16(acc[i][j], a[i], b[j / 2][2 * (j & 1)], b[j / 2][2 * (j & 1) + 1]);
+      }
     }
 
     if (step + 1 < steps) {
       store_b((step + 1) & 1);  // buffer of step - 1: free since the barrier above
       if (step + 2 < steps) weights.load(w_row, (first_step + step + 2) * kBK, w_part);
     }
+    if constexpr (kWgmma) {
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < kAccM; ++i)
+#pragma unroll
+        for (int j = 0; j < kAccN; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) fence_operand(acc[i][j][e]);
+    }
   }
 
-  // Epilogue: accumulator (i, j, e) is row 16i + lane/4 (+8 for e >= 2), column 8j + 2*(lane%4) + e%2.
+  // Epilogue: accumulator (i, j, e) is row row_of(i) + lane/4 (+8 for e >= 2), column col_of(j) +
+  // 2*(lane%4) + e%2 (mma.sync: the warp's m16 x n8 fragments; wgmma: warp w holds rows 16w.. of
+  // each m64 half, the n8 blocks of the whole tile).
+  const auto row_of = [&](int i) {
+    return kWgmma ? m0 + i * 64 + warp * 16 + (lane >> 2) : m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2);
+  };
+  const auto col_of = [&](int j) {
+    return kWgmma ? n0 + j * 8 + 2 * (lane & 3) : n0 + warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
+  };
   if constexpr (kSplitK) {
     float* plane = p.partial + int64_t(blockIdx.z) * p.m * p.n;
 #pragma unroll
-    for (int i = 0; i < Shape::kMFrags; ++i)
+    for (int i = 0; i < kAccM; ++i)
 #pragma unroll
-      for (int j = 0; j < Shape::kNFrags; ++j) {
-        const int col = n0 + warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
+      for (int j = 0; j < kAccN; ++j) {
+        const int col = col_of(j);
         if (col >= p.n) continue;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2) + 8 * h;
+          const int row = row_of(i) + 8 * h;
           if (row < p.m)
             *reinterpret_cast<float2*>(plane + int64_t(row) * p.n + col) =
                 make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
@@ -432,16 +477,16 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
       }
   } else {
 #pragma unroll
-    for (int i = 0; i < Shape::kMFrags; ++i) {
+    for (int i = 0; i < kAccM; ++i) {
 #pragma unroll
-      for (int j = 0; j < Shape::kNFrags; ++j) {
-        const int col = n0 + warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
+      for (int j = 0; j < kAccN; ++j) {
+        const int col = col_of(j);
         if (col >= p.n) continue;  // n is even, so col + 1 < n too
         float2 bias = make_float2(0.0f, 0.0f);
         if (p.bias) bias = *reinterpret_cast<const float2*>(p.bias + col);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int row = m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2) + 8 * h;
+          const int row = row_of(i) + 8 * h;
           if (row >= p.m) continue;
           float2 v = make_float2(acc[i][j][2 * h] + bias.x, acc[i][j][2 * h + 1] + bias.y);
           if (p.residual) {
@@ -479,35 +524,48 @@ __global__ void splitk_reduce_kernel(const float* __restrict__ partial, int spli
   *reinterpret_cast<float2*>(y + int64_t(row) * ldy + col) = v;
 }
 
-template <GgmlType T, int kBM, int kBN, bool kSplitK>
+template <GgmlType T, int kBM, int kBN, bool kSplitK, bool kWgmma>
 void launch_typed(const GemmParams& p, int splits, cudaStream_t stream) {
-  constexpr int smem = GemmShape<kBM, kBN>::kSmemBytes;
+  constexpr int smem = GemmShape<kBM, kBN>::kSmemBytes + (kWgmma ? 1024 : 0);
   // Per call, for the current device (the attribute is per device, and cheap to set).
   const cudaError_t attr_status = cudaFuncSetAttribute(
-      prefill_gemm_kernel<T, kBM, kBN, kSplitK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr_status != cudaSuccess)
     fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
   const dim3 grid((p.m + kBM - 1) / kBM, (p.n + kBN - 1) / kBN, splits);
-  prefill_gemm_kernel<T, kBM, kBN, kSplitK><<<grid, kThreads, smem, stream>>>(p);
+  prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma><<<grid, kThreads, smem, stream>>>(p);
 }
 
-template <GgmlType T, int kBM, int kBN>
+template <GgmlType T, int kBM, int kBN, bool kWgmma>
 void launch_shaped(const GemmParams& p, int splits, cudaStream_t stream) {
-  splits > 1 ? launch_typed<T, kBM, kBN, true>(p, splits, stream) : launch_typed<T, kBM, kBN, false>(p, 1, stream);
+  splits > 1 ? launch_typed<T, kBM, kBN, true, kWgmma>(p, splits, stream)
+             : launch_typed<T, kBM, kBN, false, kWgmma>(p, 1, stream);
 }
 
-template <GgmlType T, int kBM>
+template <GgmlType T, int kBM, bool kWgmma>
 void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
   switch (plan.n_tile) {
-    case 32: launch_shaped<T, kBM, 32>(p, plan.k_splits, stream); break;
-    case 64: launch_shaped<T, kBM, 64>(p, plan.k_splits, stream); break;
-    default: launch_shaped<T, kBM, 128>(p, plan.k_splits, stream); break;
+    case 32: launch_shaped<T, kBM, 32, kWgmma>(p, plan.k_splits, stream); break;
+    case 64: launch_shaped<T, kBM, 64, kWgmma>(p, plan.k_splits, stream); break;
+    default: launch_shaped<T, kBM, 128, kWgmma>(p, plan.k_splits, stream); break;
   }
 }
 
 template <GgmlType T>
 void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
-  plan.m_tile == 128 ? launch_m_tiled<T, 128>(p, plan, stream) : launch_m_tiled<T, 64>(p, plan, stream);
+  if (plan.wgmma)
+    plan.m_tile == 128 ? launch_m_tiled<T, 128, true>(p, plan, stream) : launch_m_tiled<T, 64, true>(p, plan, stream);
+  else
+    plan.m_tile == 128 ? launch_m_tiled<T, 128, false>(p, plan, stream) : launch_m_tiled<T, 64, false>(p, plan, stream);
+}
+
+// Warpgroup MMA needs an sm_90 device (the sm_90a code this build carries).
+bool device_runs_wgmma() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
 }
 
 int multiprocessor_count(const PrefillGemm& g) {
@@ -612,6 +670,7 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   }
   // The n-tile follows the tokens actually present (it does not change any output's sums).
   plan.n_tile = plan_n_tile(g, plan, sm_count);
+  plan.wgmma = g.wgmma == 1 || (g.wgmma == 0 && !env_flag("MINFER_NO_WGMMA_GEMM") && device_runs_wgmma());
   return plan;
 }
 
@@ -630,6 +689,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.n_tile != 0 && g.n_tile != 32 && g.n_tile != 64 && g.n_tile != 128)
     fail("prefill GEMM: n_tile ", g.n_tile, " is not 0, 32, 64 or 128");
   if (g.k_splits < 0) fail("prefill GEMM: k_splits ", g.k_splits, " is negative");
+  if (g.wgmma < -1 || g.wgmma > 1) fail("prefill GEMM: wgmma ", g.wgmma, " is not -1, 0 or 1");
+  if (g.wgmma == 1 && !device_runs_wgmma()) fail("prefill GEMM: warpgroup MMA needs an sm_90 device");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
   if (!g.w || !g.x || !g.y) fail("prefill GEMM: null weight, activation or output pointer");
