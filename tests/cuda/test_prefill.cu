@@ -189,10 +189,11 @@ TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
   }
 }
 
-// The n-tile decides which CTA and thread compute an output, never its sums: every width gives the
-// bits of 128-row tiles, with and without split-K, at both m-tiles (so the engine may pick it per
-// step).
-TEST_P(PrefillGemmTypes, NarrowTilesGiveTheWideTilesBits) {
+// The n-tile and the multiply kernel decide which CTA, thread and instruction compute an output,
+// never its sums: every width, with mma.sync and (sm_90) warpgroup MMA, gives the bits of 128-row
+// mma.sync tiles, with and without split-K, at both m-tiles (so the engine may pick them per step,
+// and MINFER_NO_WGMMA_GEMM=1 / MINFER_NO_NARROW_GEMM_TILES=1 restore the other path bit for bit).
+TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
   REQUIRE_DEVICE();
   const GgmlType type = GetParam();
   const int64_t n = 264, k = 768;  // n: 8.25 tiles of 32, a partial tile at every width
@@ -211,20 +212,25 @@ TEST_P(PrefillGemmTypes, NarrowTilesGiveTheWideTilesBits) {
     g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
     for (const int k_splits : {1, 5})
       for (const int m_tile : {64, 128}) {
-        const auto run = [&](int n_tile) {
-          g.k_splits = k_splits, g.m_tile = m_tile, g.n_tile = n_tile;
+        const auto run = [&](int n_tile, int wgmma) {
+          g.k_splits = k_splits, g.m_tile = m_tile, g.n_tile = n_tile, g.wgmma = wgmma;
           EXPECT_EQ(cuda::prefill_gemm_plan(g).n_tile, n_tile);
+          EXPECT_EQ(cuda::prefill_gemm_plan(g).wgmma, wgmma == 1);
           dy.fill_bytes(0xFF);
           cuda::launch_prefill_gemm(g, nullptr);
           check(cudaDeviceSynchronize(), "prefill GEMM");
           return dy.download();
         };
-        const std::vector<float> wide = run(128);
-        for (const int n_tile : {64, 32}) {
-          const std::vector<float> y = run(n_tile);
-          EXPECT_EQ(std::memcmp(y.data(), wide.data(), y.size() * sizeof(float)), 0)
-              << type_traits(type).name << " m=" << m << " k_splits=" << k_splits << " m_tile=" << m_tile
-              << " n_tile=" << n_tile;
+        const std::vector<float> wide = run(128, -1);
+        for (const int wgmma : {-1, 1}) {
+          if (wgmma == 1 && !device_is_sm90()) continue;
+          for (const int n_tile : {128, 64, 32}) {
+            if (wgmma == -1 && n_tile == 128) continue;
+            const std::vector<float> y = run(n_tile, wgmma);
+            EXPECT_EQ(std::memcmp(y.data(), wide.data(), y.size() * sizeof(float)), 0)
+                << type_traits(type).name << " m=" << m << " k_splits=" << k_splits << " m_tile=" << m_tile
+                << " n_tile=" << n_tile << " wgmma=" << wgmma;
+          }
         }
       }
   }
