@@ -7,6 +7,8 @@
 // plan, .../nosplit the single-pass kernel (what MINFER_NO_GEMM_SPLITK=1 runs), .../splitS forces
 // S K slices (the sweep that checks the automatic choice), .../tileT forces the m tile;
 // .../mmasync forces the mma.sync kernel where warpgroup MMA is the default (sm_90);
+// .../mtileT forces the m-tile under the automatic K split (256: warpgroup MMA only), and
+// .../mtile256/splitS both;
 // gemm/7B/<matrix>/<type>/M<m>/plan512[/ntileT] are short prompts with the engine's K split
 // (planned for 512 tokens) and the automatic or a forced n-tile.
 //   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
@@ -205,6 +207,13 @@ int register_all() {
           for (int splits : {2, 3, 4, 6, 8}) add(name + "/split" + std::to_string(splits), run(0, splits));
         if (m == 512 && std::string(label) == "7B" && (g.matrix == "attn_q" || g.matrix == "ffn_gate"))
           for (int tile : {64, 128}) add(name + "/tile" + std::to_string(tile), run(tile, 1));
+        if (std::string(label) == "7B") {  // m-tiles of 128 and 256 tokens under the automatic K split
+          add(name + "/mtile128", run(128, 0));
+          add(name + "/mtile256", run(256, 0));
+          if (m == 512 && g.n <= 8192)
+            for (int splits : {1, 2, 3, 4, 6, 8})
+              add(name + "/mtile256/split" + std::to_string(splits), run(256, splits));
+        }
       }
     for (int pos0 : {0, 4096, 16384})
       add(std::string("attention/") + label + "/M512/d" + std::to_string(pos0),

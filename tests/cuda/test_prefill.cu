@@ -187,12 +187,19 @@ TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
     run_gemm_case({GetParam(), 100, 264, 512, 64, false, false, 0, 0, 1, false, n_tile, 1}, salt += 10);
     run_gemm_case({GetParam(), 200, 264, 512, 128, true, true, 0, 2, 3, true, n_tile, 1}, salt += 10);
   }
+  // 256-token tiles (two warpgroups sharing the weight tile): a partial second m-tile, single pass
+  // with bias and residual, and split-K.
+  if (device_is_sm90()) {
+    run_gemm_case({GetParam(), 300, 264, 512, 256, true, true, 0, 0, 1, false, 0, 1}, salt += 10);
+    run_gemm_case({GetParam(), 40, 264, 768, 256, false, false, 0, 0, 3, true, 0, 1}, salt += 10);
+  }
 }
 
-// The n-tile and the multiply kernel decide which CTA, thread and instruction compute an output,
-// never its sums: every width, with mma.sync and (sm_90) warpgroup MMA, gives the bits of 128-row
-// mma.sync tiles, with and without split-K, at both m-tiles (so the engine may pick them per step,
-// and MINFER_NO_WGMMA_GEMM=1 / MINFER_NO_NARROW_GEMM_TILES=1 restore the other path bit for bit).
+// The tiles and the multiply kernel decide which CTA, thread and instruction compute an output,
+// never its sums: every n-tile and m-tile, with mma.sync and (sm_90) warpgroup MMA (and its
+// 256-token tiles), gives the bits of 128 x 128 mma.sync tiles, with and without split-K (so the
+// engine may pick them per step, and MINFER_NO_WGMMA_GEMM=1, MINFER_NO_NARROW_GEMM_TILES=1 and
+// MINFER_NO_WIDE_GEMM_TILES=1 restore the other paths bit for bit).
 TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
   REQUIRE_DEVICE();
   const GgmlType type = GetParam();
@@ -210,29 +217,30 @@ TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
     g.w_type = type, g.w = dw.ptr, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m;
     g.y = dy.ptr, g.ldy = n, g.bias = dbias.ptr;
     g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
-    for (const int k_splits : {1, 5})
-      for (const int m_tile : {64, 128}) {
-        const auto run = [&](int n_tile, int wgmma) {
-          g.k_splits = k_splits, g.m_tile = m_tile, g.n_tile = n_tile, g.wgmma = wgmma;
-          EXPECT_EQ(cuda::prefill_gemm_plan(g).n_tile, n_tile);
-          EXPECT_EQ(cuda::prefill_gemm_plan(g).wgmma, wgmma == 1);
-          dy.fill_bytes(0xFF);
-          cuda::launch_prefill_gemm(g, nullptr);
-          check(cudaDeviceSynchronize(), "prefill GEMM");
-          return dy.download();
-        };
-        const std::vector<float> wide = run(128, -1);
-        for (const int wgmma : {-1, 1}) {
-          if (wgmma == 1 && !device_is_sm90()) continue;
+    for (const int k_splits : {1, 5}) {
+      const auto run = [&](int m_tile, int n_tile, int wgmma) {
+        g.k_splits = k_splits, g.m_tile = m_tile, g.n_tile = n_tile, g.wgmma = wgmma;
+        EXPECT_EQ(cuda::prefill_gemm_plan(g).n_tile, n_tile);
+        EXPECT_EQ(cuda::prefill_gemm_plan(g).wgmma, wgmma == 1);
+        dy.fill_bytes(0xFF);
+        cuda::launch_prefill_gemm(g, nullptr);
+        check(cudaDeviceSynchronize(), "prefill GEMM");
+        return dy.download();
+      };
+      const std::vector<float> reference = run(128, 128, -1);
+      for (const int wgmma : {-1, 1}) {
+        if (wgmma == 1 && !device_is_sm90()) continue;
+        for (const int m_tile : {64, 128, 256})
           for (const int n_tile : {128, 64, 32}) {
-            if (wgmma == -1 && n_tile == 128) continue;
-            const std::vector<float> y = run(n_tile, wgmma);
-            EXPECT_EQ(std::memcmp(y.data(), wide.data(), y.size() * sizeof(float)), 0)
+            if ((wgmma == -1 && m_tile == 128 && n_tile == 128) || (m_tile == 256 && (wgmma == -1 || n_tile != 128)))
+              continue;
+            const std::vector<float> y = run(m_tile, n_tile, wgmma);
+            EXPECT_EQ(std::memcmp(y.data(), reference.data(), y.size() * sizeof(float)), 0)
                 << type_traits(type).name << " m=" << m << " k_splits=" << k_splits << " m_tile=" << m_tile
                 << " n_tile=" << n_tile << " wgmma=" << wgmma;
           }
-        }
       }
+    }
   }
 }
 
@@ -294,7 +302,7 @@ TEST(PrefillGemm, AutomaticSplitKOnlyForSmallGrids) {
   g.w_type = GgmlType::Q4_K, g.n = 3584, g.k = 3584, g.m = 512;  // 7B o-projection, one ubatch
   const PrefillGemmPlan small = cuda::prefill_gemm_plan(g);
   EXPECT_GT(small.k_splits, 1);
-  EXPECT_EQ(small.m_tile, 128);
+  EXPECT_EQ(small.m_tile, small.wgmma ? 256 : 128);  // 256: see WideTilesFollowTheGrid
   EXPECT_LE(size_t(small.k_splits) * 512 * 3584 * 4, cuda::kPrefillGemmWorkspaceBytes);
   g.m = 4096;  // 32 x 28 tiles of 128: enough CTAs without splitting
   EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, 1);
@@ -345,6 +353,35 @@ TEST(PrefillGemm, NarrowTilesFollowTheGrid) {
   const int planned_splits = cuda::prefill_gemm_plan(g).k_splits;
   g.m = 70, g.n_tile = 0;
   EXPECT_EQ(cuda::prefill_gemm_plan(g).k_splits, planned_splits);
+}
+
+// 256-token tiles where the tokens present (not the planned count) fill both warpgroups and the
+// CTAs cover at least 3/4 of the SMs 128-token tiles would, with warpgroup MMA only;
+// MINFER_NO_WIDE_GEMM_TILES=1 keeps 128.
+TEST(PrefillGemm, WideTilesFollowTheGrid) {
+  PrefillGemm g;
+  g.w_type = GgmlType::Q4_K, g.k = 3584, g.sm_count = 132, g.wgmma = 1;
+  const auto m_tile = [&](int64_t n, int64_t m) {
+    g.n = n, g.m = m;
+    return cuda::prefill_gemm_plan(g).m_tile;
+  };
+  EXPECT_EQ(m_tile(18944, 512), 256);  // gate: 2 x 148 CTAs of 256 tokens
+  EXPECT_EQ(m_tile(3584, 4096), 256);  // q: 16 x 28
+  EXPECT_EQ(m_tile(3584, 512), 256);   // q, 2 K slices: 112 CTAs of 256 against 224 of 128
+  EXPECT_EQ(m_tile(512, 512), 128);    // k, 7 K slices: 56 CTAs of 256 against 112 of 128
+  EXPECT_EQ(m_tile(512, 4096), 256);   // k: 16 x 4 x 2 slices
+  EXPECT_EQ(m_tile(18944, 128), 128);  // a second warpgroup would have no tokens
+  g.m_plan = 512;
+  EXPECT_EQ(m_tile(18944, 70), 128);
+  g.m_plan = 0;
+  {
+    const ScopedEnv off("MINFER_NO_WIDE_GEMM_TILES", "1");
+    EXPECT_EQ(m_tile(18944, 512), 128);
+  }
+  g.wgmma = -1;
+  EXPECT_EQ(m_tile(18944, 512), 128);
+  g.wgmma = 1, g.n_tile = 64;  // 256-token tiles have 128-row n-tiles only
+  EXPECT_EQ(m_tile(18944, 512), 128);
 }
 
 // Split-K sums its slices in a fixed order: two runs are bitwise equal. MINFER_NO_GEMM_SPLITK=1

@@ -52,7 +52,10 @@ struct PrefillGemm {
   int64_t ldy = 0;
   const float* bias = nullptr;      // [n] or null
   const float* residual = nullptr;  // [m][ldy] added to the product, or null; may equal y
-  int m_tile = 0;  // 0: chosen from the grid size; 64 or 128 force one (tests, bench)
+  // 0: chosen from the grid size (256 with warpgroup MMA where 256-token tiles still fill the
+  // card, unless MINFER_NO_WIDE_GEMM_TILES is set to anything but "0"); 64, 128 or 256 force one
+  // (tests, bench; 256 needs warpgroup MMA and 128-row n-tiles).
+  int m_tile = 0;
   // Weight rows a CTA: 0 chooses from the grid and the type (128 everywhere when
   // MINFER_NO_NARROW_GEMM_TILES is set to anything but "0"); 32, 64 or 128 force one. The width
   // never changes the bits of an output.

@@ -1,7 +1,9 @@
 // Prefill GEMM: Y[m, n] = X[m, :] . W[n, :] (+ bias) (+ residual) with W in its GGUF layout.
 // Each CTA dequantizes a 128-row (or, for small grids, 64- or 32-row) x 64-K slice of W per step
-// into shared memory as bf16 (exact f32 dequantization, one rounding to bf16) and runs mma.sync
-// m16n8k16 against the bf16 activation tile, which arrives through a 3-stage cp.async pipeline.
+// into shared memory as bf16 (exact f32 dequantization, one rounding to bf16) and multiplies it
+// with the bf16 activation tile of 64, 128 or (two warpgroups) 256 tokens, which arrives through a
+// 3-stage cp.async pipeline: warpgroup MMA on sm_90 (issued before the next step's
+// dequantization), mma.sync m16n8k16 elsewhere; both give the same bits.
 // The weight slice for step k+2 is loaded into registers while step k computes and is
 // dequantized into the other shared buffer after it.
 // Split-K (small grids): blockIdx.z selects a slice of the K steps; the CTA stores its raw f32
@@ -20,19 +22,24 @@ namespace {
 using namespace prefill_detail;
 
 constexpr int kBK = 64;           // K elements per pipeline step (one weight "chunk" per row)
-constexpr int kThreads = 128;     // 4 warps as 2 (m) x 2 (n), each warp half the n-tile
 constexpr int kAStages = 3;       // activation pipeline depth
 constexpr int kChunksPerRow = kBK * 2 / 16;  // 16-byte chunks per 64-element bf16 tile row
 using Tile = SwizzledTile<kChunksPerRow>;
 
-// A CTA computes kBM tokens x kBN weight rows. 128 rows give each thread one weight row; 64 or
-// 32 rows give a row 2 or 4 threads and the grid 2 or 4 times the CTAs, for more instructions
+// A CTA computes kBM tokens x kBN weight rows. Up to 128 tokens it is 128 threads (4 warps: 2 (m)
+// x 2 (n) with mma.sync, one warpgroup with wgmma); 128 rows give each thread one weight row; 64
+// or 32 rows give a row 2 or 4 threads and the grid 2 or 4 times the CTAs, for more instructions
 // (each CTA loads and reads its activation tile). plan_n_tile picks the width by measurement; it
-// decides which CTA computes an output, never its sums.
+// decides which CTA computes an output, never its sums. 256 tokens (warpgroup MMA only) are two
+// warpgroups of 128 tokens each sharing one dequantized 128-row weight tile, two threads a row:
+// half the dequantization per FLOP of 128-token tiles.
 template <int kBM, int kBN>
 struct GemmShape {
-  static_assert(kBM == 64 || kBM == 128, "two m-tiles: 64 for small grids, 128 otherwise");
+  static_assert(kBM == 64 || kBM == 128 || (kBM == 256 && kBN == 128),
+                "m-tiles: 64 for small grids, 128, and 256 (two warpgroups, 128-row n-tiles)");
   static_assert(kBN == 32 || kBN == 64 || kBN == 128, "REQUIRES: 1, 2 or 4 threads per weight row");
+  static constexpr int kThreads = kBM == 256 ? 256 : 128;
+  static constexpr int kWarpGroups = kThreads / 128;
   static constexpr int kParts = kThreads / kBN;  // threads per weight row
   static constexpr int kWarpM = kBM / 2;        // rows per warp
   static constexpr int kMFrags = kWarpM / 16;   // m16 fragments per warp
@@ -42,6 +49,7 @@ struct GemmShape {
   static constexpr int kBBufferBytes = kBN * Tile::kRowBytes;
   static constexpr int kSmemBytes = kAStages * kAStageBytes + 2 * kBBufferBytes;
   static constexpr int kAChunksPerThread = kBM * kChunksPerRow / kThreads;
+  static constexpr int kWarpGroupRows = kBM / kWarpGroups;  // wgmma: tokens a warpgroup multiplies
 };
 
 struct GemmParams {
@@ -104,7 +112,10 @@ struct Unaligned2Words {
 // A thread decodes part `part` of kParts equal parts of a row's 64-K step: elements
 // [part * 64 / kParts, (part + 1) * 64 / kParts), as kChunks = 8 / kParts chunks of 8 bf16. Narrow
 // n-tiles give one row several threads (kParts > 1); the values are the same whatever kParts is.
-// load() fetches only the part's bytes; chunk(c) needs a compile-time c (register arrays).
+// load() fetches only the part's bytes (pure loads, so they stay in flight); scales() decodes the
+// step's block scales once, and chunk<c>(scales) the chunk's weights (a compile-time c: register
+// arrays). Decoding the scales inside each chunk cost ~17 instructions a chunk (the compiler does
+// not share them between chunks).
 template <GgmlType T, int kParts>
 struct WeightChunk;
 
@@ -122,7 +133,13 @@ struct PartShape {
   __device__ static int byte_in_half(int part) { return kParts == 4 ? 16 * (part % 2) : 0; }
   // Bytes of a 32-byte half a part reads.
   static constexpr int kHalfBytes = kParts == 4 ? 16 : 32;
+  // 32-element halves a part touches (kParts = 1: both), and which of them chunk c is in.
+  static constexpr int kHalves = kParts == 1 ? 2 : 1;
+  template <int c>
+  static constexpr int half_index() { return kParts == 1 ? c / 4 : 0; }
 };
+
+struct NoScales {};  // f16, bf16, f32 rows
 
 template <int kParts>
 struct WeightChunk<GgmlType::Q4_K, kParts> {  // d, dmin, scales[12] | qs[128]; groups of 32 (6-bit sc, m)
@@ -139,27 +156,34 @@ struct WeightChunk<GgmlType::Q4_K, kParts> {  // d, dmin, scales[12] | qs[128]; 
 #pragma unroll
     for (int i = 0; i < Part::kHalfBytes / 16; ++i) load16(qs + 4 * i, q + 16 * i);
   }
-  // 6-bit scale and min of group j (0..7) from the 12 packed bytes (the GGUF q4_K/q5_K packing).
-  __device__ __forceinline__ static void scale_min(const uint32_t* head, int j, float& dl, float& ml) {
-    const uint32_t s0 = head[1], s1 = head[2], s2 = head[3];
-    const int b = j & 3;
-    int sc, mn;
-    if (j < 4) {
-      sc = byte_at(s0, b) & 63;
-      mn = byte_at(s1, b) & 63;
-    } else {
-      sc = (byte_at(s2, b) & 0xF) | ((byte_at(s0, b) >> 6) << 4);
-      mn = (byte_at(s2, b) >> 4) | ((byte_at(s1, b) >> 6) << 4);
-    }
-    dl = f16_bits_to_float(head[0] & 0xFFFF) * float(sc);
-    ml = f16_bits_to_float(head[0] >> 16) * float(mn);
+  // 6-bit scale and min of group j (0..7) from the 12 packed bytes (the GGUF q4_K/q5_K packing),
+  // both packings decoded and one selected (no branch), times the block's d and dmin.
+  __device__ __forceinline__ static void scale_min(const uint32_t* head, float d, float dmin, int j, float& dl,
+                                                   float& ml) {
+    const uint32_t s0 = byte_at(head[1], j & 3), s1 = byte_at(head[2], j & 3), s2 = byte_at(head[3], j & 3);
+    const bool low = j < 4;
+    const uint32_t sc = low ? s0 & 63 : (s2 & 0xF) | ((s0 >> 6) << 4);
+    const uint32_t mn = low ? s1 & 63 : (s2 >> 4) | ((s1 >> 6) << 4);
+    dl = d * float(sc);
+    ml = dmin * float(mn);
   }
+  struct Scales {
+    float dl[Part::kHalves], ml[Part::kHalves];  // d * scale and dmin * min of the part's groups
+  };
+  // The groups of the part's halves in the q4_K/q5_K block (pair `pair` of group pairs).
+  __device__ __forceinline__ static Scales group_scales(const uint32_t* head, int pair, int part) {
+    Scales s;
+    const float d = f16_bits_to_float(head[0] & 0xFFFF), dmin = f16_bits_to_float(head[0] >> 16);
+#pragma unroll
+    for (int h = 0; h < Part::kHalves; ++h)
+      scale_min(head, d, dmin, 2 * pair + (kParts == 1 ? h : Part::half0(part)), s.dl[h], s.ml[h]);
+    return s;
+  }
+  __device__ __forceinline__ Scales scales() const { return group_scales(head, pair, part); }
   template <int c>
-  __device__ __forceinline__ uint4 chunk() const {
-    const int half = Part::template half<c>(part);
-    float dl, ml;
-    scale_min(head, 2 * pair + half, dl, ml);
-    const int shift = 4 * half;
+  __device__ __forceinline__ uint4 chunk(const Scales& s) const {
+    const int shift = 4 * Part::template half<c>(part);
+    const float dl = s.dl[Part::template half_index<c>()], ml = s.ml[Part::template half_index<c>()];
     const uint32_t q0 = (qs[2 * (c % 4)] >> shift) & 0x0F0F0F0Fu, q1 = (qs[2 * (c % 4) + 1] >> shift) & 0x0F0F0F0Fu;
     return pack8([&](int e) { return dl * (two_pow_23_plus_byte(e < 4 ? q0 : q1, e % 4) - kTwoPow23) - ml; });
   }
@@ -184,12 +208,15 @@ struct WeightChunk<GgmlType::Q5_K, kParts> {  // as q4_K plus qh[32]: bit j of q
       load16(qs + 4 * i, blk + 48 + 32 * pair + offset + 16 * i);
     }
   }
+  using Scales = typename WeightChunk<GgmlType::Q4_K, kParts>::Scales;
+  __device__ __forceinline__ Scales scales() const {
+    return WeightChunk<GgmlType::Q4_K, kParts>::group_scales(head, pair, part);
+  }
   template <int c>
-  __device__ __forceinline__ uint4 chunk() const {
+  __device__ __forceinline__ uint4 chunk(const Scales& s) const {
     const int half = Part::template half<c>(part);
     const int group = 2 * pair + half;
-    float dl, ml;
-    WeightChunk<GgmlType::Q4_K, kParts>::scale_min(head, group, dl, ml);
+    const float dl = s.dl[Part::template half_index<c>()], ml = s.ml[Part::template half_index<c>()];
     const int shift = 4 * half;
     const auto quants = [&](int w) {  // four 5-bit quants, one a byte
       return ((qs[w] >> shift) & 0x0F0F0F0Fu) | (((qh[w] >> group) & 0x01010101u) << 4);
@@ -219,13 +246,17 @@ struct WeightChunk<GgmlType::Q6_K, kParts> {  // ql[128] | qh[64] | int8 scales[
     sc.load(blk + 192 + 8 * half + 4 * p2);
     d_bits = __ldg(reinterpret_cast<const unsigned short*>(blk + 208));
   }
+  struct Scales {
+    float d;  // the 16-element scales are a byte each; their product with d is left to the chunk
+  };
+  __device__ __forceinline__ Scales scales() const { return {f16_bits_to_float(d_bits)}; }
   template <int c>
-  __device__ __forceinline__ uint4 chunk() const {
+  __device__ __forceinline__ uint4 chunk(const Scales& s) const {
     const int hi = Part::template half<c>(part);
     const int chunk_in_group = kParts == 4 ? 2 * (part % 2) + c : c % 4;  // 8-element chunk of 32
     const int lshift = 4 * p2, hshift = 4 * p2 + 2 * hi;
     const int scale = int(int8_t(byte_at(sc.word(0), 2 * hi + chunk_in_group / 2)));
-    const float dl = f16_bits_to_float(d_bits) * float(scale);
+    const float dl = s.d * float(scale);
     const auto quants = [&](uint32_t lw, uint32_t hw) {  // four unsigned 6-bit quants, one a byte
       return ((lw >> lshift) & 0x0F0F0F0Fu) | (((hw >> hshift) & 0x03030303u) << 4);
     };
@@ -250,10 +281,19 @@ struct WeightChunk<GgmlType::Q8_0, kParts> {  // two 34-byte blocks: f16 d | int
       qs[b].load(block + 2 + Part::byte_in_half(part));
     }
   }
+  struct Scales {
+    float d[kBlocks];
+  };
+  __device__ __forceinline__ Scales scales() const {
+    Scales s;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) s.d[b] = f16_bits_to_float(d_bits[b]);
+    return s;
+  }
   template <int c>
-  __device__ __forceinline__ uint4 chunk() const {
+  __device__ __forceinline__ uint4 chunk(const Scales& s) const {
     const Unaligned2Words<Part::kHalfBytes / 4>& q = qs[kParts == 1 ? c / 4 : 0];
-    const float d = f16_bits_to_float(d_bits[kParts == 1 ? c / 4 : 0]);
+    const float d = s.d[kParts == 1 ? c / 4 : 0];
     const uint32_t b0 = q.word(2 * (c % 4)) ^ 0x80808080u, b1 = q.word(2 * (c % 4) + 1) ^ 0x80808080u;  // int8 + 128
     return pack8([&](int e) { return d * (two_pow_23_plus_byte(e < 4 ? b0 : b1, e % 4) - (kTwoPow23 + 128.0f)); });
   }
@@ -269,12 +309,13 @@ struct Raw16BitChunks {
 #pragma unroll
     for (int c = 0; c < Part::kChunks; ++c) load16(raw + 4 * c, src + 16 * c);
   }
+  __device__ __forceinline__ NoScales scales() const { return {}; }
 };
 
 template <int kParts>
 struct WeightChunk<GgmlType::F16, kParts> : Raw16BitChunks<kParts> {
   template <int c>
-  __device__ __forceinline__ uint4 chunk() const {
+  __device__ __forceinline__ uint4 chunk(NoScales) const {
     const uint32_t* raw = this->raw;
     return pack8([&](int e) { return f16_bits_to_float(raw[4 * c + e / 2] >> (16 * (e % 2))); });
   }
@@ -283,7 +324,7 @@ struct WeightChunk<GgmlType::F16, kParts> : Raw16BitChunks<kParts> {
 template <int kParts>
 struct WeightChunk<GgmlType::BF16, kParts> : Raw16BitChunks<kParts> {  // already the tile's format
   template <int c>
-  __device__ __forceinline__ uint4 chunk() const {
+  __device__ __forceinline__ uint4 chunk(NoScales) const {
     const uint32_t* raw = this->raw;
     return make_uint4(raw[4 * c], raw[4 * c + 1], raw[4 * c + 2], raw[4 * c + 3]);
   }
@@ -302,15 +343,16 @@ struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weig
       packed[2 * i + 1] = pack_bf16x2(v.z, v.w);
     }
   }
+  __device__ __forceinline__ NoScales scales() const { return {}; }
   template <int c>
-  __device__ __forceinline__ uint4 chunk() const {
+  __device__ __forceinline__ uint4 chunk(NoScales) const {
     return make_uint4(packed[4 * c], packed[4 * c + 1], packed[4 * c + 2], packed[4 * c + 3]);
   }
 };
 
 // ---- the kernel ------------------------------------------------------------------------------------
 
-// REQUIRES: blockDim.x == kThreads; gridDim = (ceil(m / kBM), ceil(n / kBN), ceil(k / kBK /
+// REQUIRES: blockDim.x == GemmShape::kThreads; gridDim = (ceil(m / kBM), ceil(n / kBN), ceil(k / kBK /
 // slice_steps)) with gridDim.z == 1 unless kSplitK; k % kBK == 0 (and the K types: k % 256 == 0);
 // partial set iff kSplitK; dynamic shared memory GemmShape<kBM>::kSmemBytes. M-tiles vary fastest
 // so the CTAs that share one weight slice run together and it is read from DRAM once. kSplitK is
@@ -320,27 +362,31 @@ struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weig
 // kWgmma: the CTA (one warpgroup) multiplies each step with warpgroup MMA (m64 x kBN x k16, both
 // operands read from the swizzled tiles by descriptor), issued before the next step's weights are
 // dequantized and waited for after, so the tensor cores work while the warps dequantize; the
-// accumulators hold m64 halves (kBM / 64 of them) of the whole n-tile. Otherwise each warp runs
-// mma.sync on its 2 x 2 share of the tile. REQUIRES for kWgmma: sm_90a (the launcher checks the
+// accumulators hold the m64 parts of the warpgroup's rows (two warpgroups at kBM = 256, each
+// its own 128 tokens) of the whole n-tile. Otherwise each warp runs mma.sync on its 2 x 2 share
+// of the tile. REQUIRES for kWgmma: sm_90a (the launcher checks the
 // device; other compilations trap), kSmemBytes + 1024 bytes of dynamic shared memory (the tiles
 // are aligned to 1024 bytes inside it).
 template <GgmlType T, int kBM, int kBN, bool kSplitK, bool kWgmma>
-__global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams p) {
+__global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_kernel(const GemmParams p) {
   using Shape = GemmShape<kBM, kBN>;
+  static_assert(kWgmma || Shape::kWarpGroups == 1, "256-token tiles are warpgroup MMA only");
+  constexpr int kThreads = Shape::kThreads;
   if constexpr (kWgmma && !device_has_wgmma()) __trap();
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t smem_pad = kWgmma ? (1024u - (shared_address(smem) & 1023u)) & 1023u : 0u;
   const uint32_t a_smem = shared_address(smem) + smem_pad;
   const uint32_t b_smem = a_smem + kAStages * Shape::kAStageBytes;
   uint8_t* b_smem_ptr = smem + smem_pad + kAStages * Shape::kAStageBytes;
-  // Accumulators: [m16 fragment][n8 fragment] of the warp's share (mma.sync), or [m64 half][n8
-  // block] of the warpgroup's tile (wgmma); the same count either way.
-  constexpr int kAccM = kWgmma ? kBM / 64 : Shape::kMFrags;
+  // Accumulators: [m16 fragment][n8 fragment] of the warp's share (mma.sync), or [m64 part][n8
+  // block] of the warpgroup's rows (wgmma); four floats each, every output in one of them.
+  constexpr int kAccM = kWgmma ? Shape::kWarpGroupRows / 64 : Shape::kMFrags;
   constexpr int kAccN = kWgmma ? kBN / 8 : Shape::kNFrags;
-  static_assert(kAccM * kAccN == Shape::kMFrags * Shape::kNFrags, "the same accumulators");
+  static_assert(kAccM * kAccN * 4 * kThreads == kBM * kBN, "every output in one accumulator");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int warp_m = warp >> 1, warp_n = warp & 1;
+  const int warp_m = warp >> 1, warp_n = warp & 1;       // mma.sync
+  const int warp_group = warp >> 2, warp_in_group = warp & 3;  // wgmma
   const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
   // This CTA's K range, in kBK steps.
   const int first_step = kSplitK ? int(blockIdx.z) * p.slice_steps : 0;
@@ -367,8 +413,9 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
   auto store_b = [&](int buffer) {
     uint8_t* dst = b_smem_ptr + buffer * Shape::kBBufferBytes;
     const int chunk0 = w_part * PartShape<kParts>::kChunks;
+    const auto scales = weights.scales();
     [&]<int... c>(std::integer_sequence<int, c...>) {
-      ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = weights.template chunk<c>()), ...);
+      ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = weights.template chunk<c>(scales)), ...);
     }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
   };
 
@@ -411,7 +458,7 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
 #pragma unroll
         for (int i = 0; i < kAccM; ++i)
           wgmma_bf16<kBN>(reinterpret_cast<float(&)[kBN / 2]>(acc[i]),
-                          sw128_descriptor(a_stage + i * 64 * Tile::kRowBytes + kk * 32),
+                          sw128_descriptor(a_stage + (warp_group * Shape::kWarpGroupRows + i * 64) * Tile::kRowBytes + kk * 32),
                           sw128_descriptor(b_buffer + kk * 32));
       wgmma_commit();
     } else {
@@ -451,10 +498,11 @@ __global__ void __launch_bounds__(kThreads) prefill_gemm_kernel(const GemmParams
   }
 
   // Epilogue: accumulator (i, j, e) is row row_of(i) + lane/4 (+8 for e >= 2), column col_of(j) +
-  // 2*(lane%4) + e%2 (mma.sync: the warp's m16 x n8 fragments; wgmma: warp w holds rows 16w.. of
-  // each m64 half, the n8 blocks of the whole tile).
+  // 2*(lane%4) + e%2 (mma.sync: the warp's m16 x n8 fragments; wgmma: warp w of its warpgroup holds
+  // rows 16w.. of each m64 part, the n8 blocks of the whole tile).
   const auto row_of = [&](int i) {
-    return kWgmma ? m0 + i * 64 + warp * 16 + (lane >> 2) : m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2);
+    return kWgmma ? m0 + warp_group * Shape::kWarpGroupRows + i * 64 + warp_in_group * 16 + (lane >> 2)
+                  : m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2);
   };
   const auto col_of = [&](int j) {
     return kWgmma ? n0 + j * 8 + 2 * (lane & 3) : n0 + warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
@@ -533,7 +581,7 @@ void launch_typed(const GemmParams& p, int splits, cudaStream_t stream) {
   if (attr_status != cudaSuccess)
     fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
   const dim3 grid((p.m + kBM - 1) / kBM, (p.n + kBN - 1) / kBN, splits);
-  prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma><<<grid, kThreads, smem, stream>>>(p);
+  prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma><<<grid, GemmShape<kBM, kBN>::kThreads, smem, stream>>>(p);
 }
 
 template <GgmlType T, int kBM, int kBN, bool kWgmma>
@@ -553,7 +601,9 @@ void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stre
 
 template <GgmlType T>
 void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
-  if (plan.wgmma)
+  if (plan.m_tile == 256)  // warpgroup MMA, 128-row n-tiles (checked by the launcher)
+    launch_shaped<T, 256, 128, true>(p, plan.k_splits, stream);
+  else if (plan.wgmma)
     plan.m_tile == 128 ? launch_m_tiled<T, 128, true>(p, plan, stream) : launch_m_tiled<T, 64, true>(p, plan, stream);
   else
     plan.m_tile == 128 ? launch_m_tiled<T, 128, false>(p, plan, stream) : launch_m_tiled<T, 64, false>(p, plan, stream);
@@ -617,12 +667,28 @@ bool split_k_disabled() { return env_flag("MINFER_NO_GEMM_SPLITK"); }
 // tile) cost more than they fill.
 int plan_n_tile(const PrefillGemm& g, const PrefillGemmPlan& plan, int sm_count) {
   if (g.n_tile) return g.n_tile;
+  if (plan.m_tile == 256) return 128;  // the only width of 256-token tiles
   if (env_flag("MINFER_NO_NARROW_GEMM_TILES")) return 128;
   const int64_t m_tiles = (g.m + plan.m_tile - 1) / plan.m_tile;
   const auto ctas = [&](int n_tile) { return m_tiles * ((g.n + n_tile - 1) / n_tile) * plan.k_splits; };
   const int64_t sms = sm_count;
   if (ctas(128) < sms) return ctas(32) <= 2 * sms ? 32 : 64;
   return g.w_type == GgmlType::Q6_K && ctas(128) < 2 * sms ? 64 : 128;
+}
+
+// 256-token tiles (warpgroup MMA; one CTA of two warpgroups a SM instead of two of one) halve the
+// dequantization per FLOP. They are taken where the tokens present fill both warpgroups and the
+// CTAs still occupy at least 3/4 of the SMs that 128-token tiles would: bench_prefill's m-tile
+// sweep of the 7B shapes at 512 and 4096 tokens (docs/14) — faster for every matrix there except
+// k and v at 512 tokens (56 CTAs of 256 against 112 of 128).
+bool wide_tiles_fill(const PrefillGemm& g, const PrefillGemmPlan& plan, int sm_count) {
+  if (!plan.wgmma || g.m <= 128 || (g.n_tile != 0 && g.n_tile != 128) || env_flag("MINFER_NO_WIDE_GEMM_TILES"))
+    return false;
+  const int64_t n_tiles = (g.n + 127) / 128;
+  const auto covered_sms = [&](int m_tile) {
+    return std::min<int64_t>((g.m + m_tile - 1) / m_tile * n_tiles * plan.k_splits, sm_count);
+  };
+  return 4 * covered_sms(256) >= 3 * covered_sms(128);
 }
 
 bool is_k_type(GgmlType t) {
@@ -657,6 +723,7 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   const size_t workspace_bytes = kPrefillGemmWorkspaceBytes;
   const bool single_pass = g.k_splits == 1 || (g.k_splits == 0 && (enough_tiles || split_k_disabled()));
   PrefillGemmPlan plan;
+  plan.wgmma = g.wgmma == 1 || (g.wgmma == 0 && !env_flag("MINFER_NO_WGMMA_GEMM") && device_runs_wgmma());
   if (single_pass) {
     plan.m_tile = g.m_tile ? g.m_tile : (enough_tiles ? 128 : 64);
   } else {
@@ -668,9 +735,9 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
     plan.k_splits = (steps + slice - 1) / slice;
     plan.m_tile = g.m_tile ? g.m_tile : (g.m <= 64 ? 64 : 128);
   }
+  if (!g.m_tile && plan.m_tile == 128 && wide_tiles_fill(g, plan, sm_count)) plan.m_tile = 256;
   // The n-tile follows the tokens actually present (it does not change any output's sums).
   plan.n_tile = plan_n_tile(g, plan, sm_count);
-  plan.wgmma = g.wgmma == 1 || (g.wgmma == 0 && !env_flag("MINFER_NO_WGMMA_GEMM") && device_runs_wgmma());
   return plan;
 }
 
@@ -684,8 +751,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.m <= 0) fail("prefill GEMM (", type_name, "): m = ", g.m, " must be positive");
   if (g.ldx < g.k || g.ldx % 8 != 0) fail("prefill GEMM: ldx = ", g.ldx, " must be >= k = ", g.k, " and a multiple of 8");
   if (g.ldy < g.n || g.ldy % 2 != 0) fail("prefill GEMM: ldy = ", g.ldy, " must be >= n = ", g.n, " and even");
-  if (g.m_tile != 0 && g.m_tile != 64 && g.m_tile != 128)
-    fail("prefill GEMM: m_tile ", g.m_tile, " is not 0, 64 or 128");
+  if (g.m_tile != 0 && g.m_tile != 64 && g.m_tile != 128 && g.m_tile != 256)
+    fail("prefill GEMM: m_tile ", g.m_tile, " is not 0, 64, 128 or 256");
   if (g.n_tile != 0 && g.n_tile != 32 && g.n_tile != 64 && g.n_tile != 128)
     fail("prefill GEMM: n_tile ", g.n_tile, " is not 0, 32, 64 or 128");
   if (g.k_splits < 0) fail("prefill GEMM: k_splits ", g.k_splits, " is negative");
@@ -703,6 +770,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
     fail("prefill GEMM: split-K workspace must be 8-byte aligned");
 
   const PrefillGemmPlan plan = prefill_gemm_plan(g);
+  if (plan.m_tile == 256 && (!plan.wgmma || plan.n_tile != 128))
+    fail("prefill GEMM: 256-token tiles need warpgroup MMA and 128-row n-tiles (n_tile ", plan.n_tile, ")");
   const int steps = int(g.k / kBK);
   GemmParams p{static_cast<const uint8_t*>(g.w), int64_t(row_bytes(g.w_type, g.k)),
                int(g.n), int(g.k), int(g.m), g.x, g.ldx, g.y, g.ldy, g.bias, g.residual,
