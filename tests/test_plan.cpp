@@ -77,6 +77,12 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(prompt.at("gather_output_rows"), 1);
   EXPECT_EQ(prompt.count("rms_norm_quant_q8"), 0u);  // no decode rows: no plane to write
   EXPECT_EQ(prompt.at("quantize_q8"), 1);           // the head's gathered rows
+  // The bf16 plane of every prompt GEMM input comes from its producer: the attention rms_norm (q,
+  // k, v), prompt attention (o), the ffn rms_norm (gate, up), swiglu (down).
+  EXPECT_EQ(prompt.count("activation_bf16"), 0u);
+  int bf16_writers = 0;
+  for (const Launch& l : lower(build_graph(m), Fusions{}, kPrompt)) bf16_writers += l.writes_bf16;
+  EXPECT_EQ(bf16_writers, 4 * L);
   const auto mixed = count(lower(build_graph(m), Fusions{}, kMixed));
   EXPECT_EQ(mixed.at("matvec_qkv_rope_kv"), L);  // decode rows: fused, roped, cached
   EXPECT_EQ(mixed.at("gemm"), 7 * L);            // prompt rows: the GEMM
@@ -84,6 +90,8 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(mixed.at("kv_append"), L);
   EXPECT_EQ(mixed.at("attention_split_combine"), L);
   EXPECT_EQ(mixed.at("prefill_attention"), L);
+  EXPECT_EQ(mixed.count("activation_bf16"), 0u);  // the decode rows' q8 launches keep the plane
+  for (const Launch& l : lower(build_graph(m), Fusions{}, kDecode)) EXPECT_FALSE(l.writes_bf16) << l.name;
 }
 
 // Each opt-out removes exactly its rule; with all of them off every node is its own launch.
@@ -105,6 +113,8 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   n = count(lower(g, with([](Fusions& f) { f.decode_a_fuse = false; }), kDecode));
   EXPECT_EQ(n.count("rms_norm_quant_q8") + n.count("swiglu_quant_q8"), 0u);
   EXPECT_EQ(n.at("quantize_q8"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
+  n = count(lower(g, with([](Fusions& f) { f.prompt_a_fuse = false; }), kPrompt));
+  EXPECT_EQ(n.at("activation_bf16"), 4 * m.hp.n_layer);  // once for q, k, v; o; gate and up; down
 
   for (const StepShape shape : {kDecode, kPrompt, kMixed}) {
     const std::vector<Launch> plain = lower(g, Fusions::none(), shape);
@@ -112,6 +122,7 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
     for (const Launch& l : plain) {
       EXPECT_LE(l.n_segs, 1) << l.name;
       EXPECT_FALSE(l.writes_q8) << l.name;
+      EXPECT_FALSE(l.writes_bf16) << l.name;
       EXPECT_EQ(l.residual, -1) << l.name;
       if (l.completes_node >= 0) ++completed[size_t(l.completes_node)];
     }

@@ -36,11 +36,26 @@ class Lowering {
     }
     return false;
   }
+  // The producer-written bf16 plane: prompt rows, and the next node reading `slot` is a weight
+  // matmul (the head reads the gathered output rows, never this plane).
+  bool feeds_prompt_gemm(size_t from, int slot) const {
+    if (!f_.prompt_a_fuse || !s_.prompt || width(slot) % 8 != 0) return false;
+    for (size_t j = from; j < g_.nodes.size(); ++j) {
+      const Node& n = node(j);
+      if (n.in[0] == slot || n.in[1] == slot || n.in[2] == slot) return n.op == Op::MatMul;
+    }
+    return false;
+  }
 
+  // Which slot's rows the q8 and the bf16 planes hold. Matmuls read the planes and keep them; a
+  // Quantize or ConvertBf16 writes only its own plane; every other launch may overwrite the slot
+  // (or the plane's producer is gone), so it drops both unless it writes one.
   void emit(Launch l) {
-    const bool keeps_plane = l.kind == LaunchKind::DecodeMatmul || l.kind == LaunchKind::PromptMatmul;
-    if (!keeps_plane) q8_slot_ = -1;
+    const bool matmul = l.kind == LaunchKind::DecodeMatmul || l.kind == LaunchKind::PromptMatmul;
+    if (!matmul && l.kind != LaunchKind::ConvertBf16) q8_slot_ = -1;
+    if (!matmul && l.kind != LaunchKind::Quantize) bf16_slot_ = -1;
     if (l.writes_q8 || l.kind == LaunchKind::Quantize) q8_slot_ = l.kind == LaunchKind::Quantize ? l.in : l.out;
+    if (l.writes_bf16 || l.kind == LaunchKind::ConvertBf16) bf16_slot_ = l.kind == LaunchKind::ConvertBf16 ? l.in : l.out;
     out_.push_back(std::move(l));
   }
   // A decode matmul over `rows` of slot `in`: quantized first unless its producer wrote the plane.
@@ -64,12 +79,22 @@ class Lowering {
     l.out = node(*nodes.begin()).out;
     return l;
   }
+  // A prompt GEMM over slot `in`'s prompt rows: converted to bf16 first unless its producer (or
+  // the conversion for an earlier GEMM of the same input) wrote the plane.
+  void prompt_matmul(Launch l) {
+    if (bf16_slot_ != l.in) {
+      Launch c{LaunchKind::ConvertBf16, "activation_bf16", Rows::Prompt, l.in};
+      c.node = l.node;
+      emit(std::move(c));
+    }
+    emit(std::move(l));
+  }
   void prompt_matmuls(std::initializer_list<size_t> nodes, int completes) {
     if (!s_.prompt) return;
     for (size_t n : nodes) {
       Launch l = matmul_launch(LaunchKind::PromptMatmul, "gemm", Rows::Prompt, {n});
       if (int(n) == completes) l.completes_node = completes;
-      emit(std::move(l));
+      prompt_matmul(std::move(l));
     }
   }
 
@@ -88,6 +113,7 @@ class Lowering {
         Launch l{LaunchKind::RmsNorm, q8 ? "rms_norm_quant_q8" : "rms_norm", Rows::All, n.in[0], -1, n.out,
                  int(i), int(i)};
         l.writes_q8 = q8;
+        l.writes_bf16 = n.group == 0 && feeds_prompt_gemm(i + 1, n.out);
         emit(std::move(l));
         return 1;
       }
@@ -110,8 +136,13 @@ class Lowering {
         if (s_.decode)
           emit({LaunchKind::DecodeAttention, "attention_split_combine", Rows::Decode, n.in[0], -1, n.out, int(i),
                 s_.prompt ? -1 : int(i)});
-        if (s_.prompt)
-          emit({LaunchKind::PromptAttention, "prefill_attention", Rows::Prompt, n.in[0], -1, n.out, int(i), int(i)});
+        if (s_.prompt) {
+          Launch l{LaunchKind::PromptAttention, "prefill_attention", Rows::Prompt, n.in[0], -1, n.out, int(i), int(i)};
+          // Only the prompt rows get the plane; in a mixed step the decode rows' output comes
+          // from the split kernel, but the GEMM reads prompt rows only.
+          l.writes_bf16 = feeds_prompt_gemm(i + 1, n.out);
+          emit(std::move(l));
+        }
         return 1;
       }
       case Op::SwiGLU:
@@ -178,6 +209,7 @@ class Lowering {
     Launch l{LaunchKind::SwiGLU, q8 ? "swiglu_quant_q8" : "swiglu", Rows::All, n.in[0], n.in[1], n.out, int(i),
              int(i)};
     l.writes_q8 = q8;
+    l.writes_bf16 = feeds_prompt_gemm(i + 1, n.out);
     emit(std::move(l));
   }
 
@@ -208,7 +240,7 @@ class Lowering {
       l.residual = residual;
       l.out = out;
       l.completes_node = completes;
-      emit(std::move(l));
+      prompt_matmul(std::move(l));
     }
     return used;
   }
@@ -218,6 +250,7 @@ class Lowering {
   StepShape s_;
   std::vector<Launch> out_;
   int q8_slot_ = -1;                  // the slot whose decode (or output) rows the q8 plane holds
+  int bf16_slot_ = -1;                // the slot whose rows the bf16 plane (prompt GEMM input) holds
   bool rope_done_for_decode_ = false; // the fused qkv epilogue roped and cached the decode rows
 };
 
@@ -226,6 +259,7 @@ class Lowering {
 Fusions Fusions::from_env() {
   Fusions f;
   f.decode_a_fuse = !env_flag("MINFER_NO_DECODE_A_FUSE");
+  f.prompt_a_fuse = !env_flag("MINFER_NO_PROMPT_A_FUSE");
   f.cuda_graph = !env_flag("MINFER_NO_CUDA_GRAPH");
   f.fused_qkv = !env_flag("MINFER_NO_FUSED_QKV");
   f.fused_ffn = !env_flag("MINFER_NO_FUSED_FFN");
@@ -237,7 +271,7 @@ Fusions Fusions::from_env() {
 
 Fusions Fusions::none() {
   Fusions f;
-  f.decode_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.fused_residual = f.pdl = false;
+  f.decode_a_fuse = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.fused_residual = f.pdl = false;
   return f;
 }
 

@@ -17,6 +17,7 @@ namespace minfer {
 
 struct Fusions {
   bool decode_a_fuse = true;   // MINFER_NO_DECODE_A_FUSE: rms_norm/swiglu write the q8 plane
+  bool prompt_a_fuse = true;   // MINFER_NO_PROMPT_A_FUSE: rms_norm/swiglu/attention write the bf16 plane
   bool cuda_graph = true;      // MINFER_NO_CUDA_GRAPH: launch decode steps one by one
   bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch
   bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
@@ -34,14 +35,16 @@ enum class Rows : uint8_t { All, Decode, Prompt, Output };
 enum class LaunchKind : uint8_t {
   Embed,            // token rows -> X
   RmsNorm,          // in -> out (rows); writes_q8: also the q8 plane of its decode/output rows
+                    // writes_bf16: also the bf16 plane of its rows (the prompt GEMM's input)
   Quantize,         // the q8 plane of `in`'s rows (its producer could not write it)
+  ConvertBf16,      // the bf16 plane of `in`'s prompt rows (its producer could not write it)
   DecodeMatmul,     // the decode matmul over decode or output rows: 1-3 segments
   PromptMatmul,     // the prompt GEMM over prompt rows: one segment
   Rope,             // in place on `out` (rows)
   KvAppend,         // K (in) and V (in2) rows into the cache of `layer`
   DecodeAttention,  // decode rows: q (in) over the cache of `layer` -> out
-  PromptAttention,  // prompt rows: q (in) over the cache of `layer` -> out
-  SwiGLU,           // silu(in) * in2 -> out
+  PromptAttention,  // prompt rows: q (in) over the cache of `layer` -> out (writes_bf16 as RmsNorm)
+  SwiGLU,           // silu(in) * in2 -> out (writes_q8, writes_bf16 as RmsNorm)
   Add,              // in + in2 -> out
   GatherOutputRows, // rows of `in` wanted for output -> the output slot
   Argmax,           // of each output row of `in`
@@ -66,6 +69,8 @@ struct Launch {
   int residual = -1;          // slot added in the epilogue; the result goes to `out` (the Add's)
   // RmsNorm / SwiGLU
   bool writes_q8 = false;
+  // RmsNorm / SwiGLU / PromptAttention: the next matmul is a prompt GEMM reading this plane
+  bool writes_bf16 = false;
 };
 
 // Which kinds of rows a step has.

@@ -392,9 +392,11 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   Fusions all;  // everything on
   const Trace ref = trace(s, all);
   std::vector<std::pair<std::string, Fusions>> variants;
-  for (const char* name : {"decode_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "fused_residual", "pdl"}) {
+  for (const char* name :
+       {"decode_a_fuse", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "fused_residual", "pdl"}) {
     Fusions f = all;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
+    if (!std::strcmp(name, "prompt_a_fuse")) f.prompt_a_fuse = false;
     if (!std::strcmp(name, "cuda_graph")) f.cuda_graph = false;
     if (!std::strcmp(name, "fused_qkv")) f.fused_qkv = false;
     if (!std::strcmp(name, "fused_ffn")) f.fused_ffn = false;

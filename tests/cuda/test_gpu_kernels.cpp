@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/prefill.h"
 #include "quant/canonical_dot.h"
 #include "quant/quant.h"
 #include "sampling/draw.h"
@@ -117,18 +118,25 @@ bool same_pad40(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   return true;
 }
 
+// The producer epilogues (q8 plane for the decode matmul, bf16 plane for the prompt GEMM) write
+// the bits of the standalone quantize and conversion of the f32 output, which is itself unchanged.
 TEST(GpuKernels, RmsNormFusedQuantizeEqualsStandalone) {
   MINFER_REQUIRE_GPU();
   for (int width : {896, 3584, 5120}) {
     const auto x = random_normal(static_cast<size_t>(width), 2.0f, 2 + uint64_t(width));
     const auto w = random_normal(static_cast<size_t>(width), 1.0f, 3 + uint64_t(width));
     DeviceBuffer<float> dx(x), dw(w), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
+    DeviceBuffer<uint16_t> b_fused(static_cast<size_t>(width)), b_plain(static_cast<size_t>(width));
     DevicePlane q_fused(1, width), q_plain(1, width);
-    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.plane, 1, nullptr);
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.plane, 1, nullptr,
+                          b_fused.get());
     cuda::launch_rms_norm(dx.get(), width, dw.get(), y_plain.get(), width, 1, width, 0, 1e-6f, {}, 0, nullptr);
     cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, 1, width, nullptr);
+    cuda::launch_prefill_activation_bf16(y_plain.get(), b_plain.get(), width, nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0) << width;
+    const auto bf = b_fused.download(), bp = b_plain.download();
+    ASSERT_EQ(std::memcmp(bf.data(), bp.data(), bf.size() * 2), 0) << width;
     ASSERT_TRUE(same_pad40(q_fused.to_pad40(), q_plain.to_pad40())) << width;
     ASSERT_TRUE(same_pad40(q_fused.to_pad40(), quantize_pad40_cpu(yf, 1, width))) << width;
     for (int i = 0; i < width; ++i)
@@ -161,12 +169,16 @@ TEST(GpuKernels, SwigluFusedQuantizeEqualsStandalone) {
     const size_t n = size_t(rows) * size_t(width);
     const auto g = random_normal(n, 2.0f, 6), u = random_normal(n, 1.0f, 7);
     DeviceBuffer<float> dg(g), du(u), y_fused(n), y_plain(n);
+    DeviceBuffer<uint16_t> b_fused(n), b_plain(n);
     DevicePlane q_fused(rows, width), q_plain(rows, width);
-    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), rows, width, q_fused.plane, rows, nullptr);
+    cuda::launch_swiglu(dg.get(), du.get(), y_fused.get(), rows, width, q_fused.plane, rows, nullptr, b_fused.get());
     cuda::launch_swiglu(dg.get(), du.get(), y_plain.get(), rows, width, {}, 0, nullptr);
     cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, rows, width, nullptr);
+    cuda::launch_prefill_activation_bf16(y_plain.get(), b_plain.get(), int64_t(n), nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0);
+    const auto bf = b_fused.download(), bp = b_plain.download();
+    ASSERT_EQ(std::memcmp(bf.data(), bp.data(), bf.size() * 2), 0) << width;
     ASSERT_TRUE(same_pad40(q_fused.to_pad40(), q_plain.to_pad40()));
     ASSERT_TRUE(same_pad40(q_fused.to_pad40(), quantize_pad40_cpu(yf, rows, width)));
     for (size_t i = 0; i < n; ++i) ASSERT_NEAR(yf[i], swiglu_ref(g[i], u[i]), 1e-5 * (1 + std::fabs(swiglu_ref(g[i], u[i]))));

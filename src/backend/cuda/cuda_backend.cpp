@@ -75,7 +75,9 @@ struct CudaBackend::Impl {
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
   DeviceArray<uint8_t> q8;     // the q8 activation plane's buffer (q8_plane)
-  DeviceArray<uint16_t> bf16;  // prompt GEMM activation plane
+  // The prompt GEMM's bf16 activation plane, rows as in the slot it mirrors (row r at r * width):
+  // written by the producer (rms_norm, swiglu, prompt attention) or a ConvertBf16 launch.
+  DeviceArray<uint16_t> bf16;
   DeviceArray<float> attn_part, gemm_workspace;
   DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
   DeviceArray<ArgmaxCandidate> argmax_candidates;
@@ -441,10 +443,15 @@ struct CudaBackend::Impl {
         return;
       case LaunchKind::RmsNorm:
         launch_rms_norm(slot(l.in), int(w_in), weights.vec(node.weight), slot(l.out), int(w_out), count, int(w_out),
-                        node.group, hp.rms_eps, plane(w_out), l.writes_q8 ? geo.decode : 0, s);
+                        node.group, hp.rms_eps, plane(w_out), l.writes_q8 ? geo.decode : 0, s,
+                        l.writes_bf16 ? bf16.get() : nullptr);
         return;
       case LaunchKind::Quantize:
         launch_quantize_q8(slot(l.in), int(w_in), plane(w_in), count, int(w_in), s);
+        return;
+      case LaunchKind::ConvertBf16:
+        launch_prefill_activation_bf16(slot(l.in) + row0 * w_in, bf16.get() + row0 * w_in, int64_t(count) * w_in,
+                                       s.stream);
         return;
       case LaunchKind::DecodeMatmul:
         decode_matmul(l, geo, count, s);
@@ -471,6 +478,7 @@ struct CudaBackend::Impl {
           pa.v_cache = kv_layer(node.layer).v;
           pa.ld_kv = kv_width();
           pa.out = slot(l.out);
+          pa.out_bf16 = l.writes_bf16 ? bf16.get() : nullptr;
           pa.ldo = w_out;
           pa.chunks = d_prefill_chunks();
           pa.tiles = d_prefill_tiles();
@@ -484,11 +492,14 @@ struct CudaBackend::Impl {
           launch_prefill_attention(pa, s.stream);
         } else {  // other head sizes: the split-K kernel, one query row at a time
           decode_attention(l, node, row0, count, s);
+          if (l.writes_bf16)
+            launch_prefill_activation_bf16(slot(l.out) + row0 * w_out, bf16.get() + row0 * w_out,
+                                           int64_t(count) * w_out, s.stream);
         }
         return;
       case LaunchKind::SwiGLU:
         launch_swiglu(slot(l.in), slot(l.in2), slot(l.out), count, int(w_out), plane(w_out),
-                      l.writes_q8 ? geo.decode : 0, s);
+                      l.writes_q8 ? geo.decode : 0, s, l.writes_bf16 ? bf16.get() : nullptr);
         return;
       case LaunchKind::Add:
         launch_add(slot(l.in), slot(l.in2), slot(l.out), int64_t(count) * w_out, s);
@@ -549,18 +560,17 @@ struct CudaBackend::Impl {
     const Node& n = graph.nodes[size_t(l.seg_node[0])];
     const DevMat& m = weights.mat(n.weight);
     const int64_t w_in = width(l.in), w_out = width(l.out);
-    const float* x = slot(l.in) + row0 * w_in;
+    const float* x = slot(l.in) + row0 * w_in;  // its bf16 plane: bf16 + row0 * w_in (written before)
     float* y = slot(l.out) + row0 * w_out;
     const float* residual = l.residual >= 0 ? slot(l.residual) + row0 * w_out : nullptr;
     if (prefill_gemm_supports(m.type) && m.rows % 2 == 0 && w_out % 2 == 0 && w_in % 8 == 0 &&
         m.cols % (type_traits(m.type).block_size == 256 ? 256 : 64) == 0) {
-      launch_prefill_activation_bf16(x, bf16.get(), int64_t(count) * w_in, s.stream);
       PrefillGemm g;
       g.w_type = m.type;
       g.w = m.data;
       g.n = m.rows;
       g.k = m.cols;
-      g.x = bf16.get();
+      g.x = bf16.get() + row0 * w_in;
       g.ldx = w_in;
       g.m = count;
       g.y = y;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/prefill.h"
 #include "backend/cuda/quant_device.cuh"
 #include "sampling/draw_math.h"
 #include "util/error.h"
@@ -75,7 +76,7 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const flo
 // group shuffles with zeros.
 __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                      float* __restrict__ out, int ld_out, int width, float eps,
-                                     const Q8Plane q8, int q8_rows) {
+                                     const Q8Plane q8, int q8_rows, uint16_t* __restrict__ bf16) {
   const int row = blockIdx.x, b = threadIdx.x;
   const bool valid = b < width / 32;
   // The weights depend on no earlier kernel: their loads overlap the predecessor's tail (PDL) and
@@ -105,39 +106,57 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
                          (v[i].w * scale) * wi.w);
       reinterpret_cast<float4*>(out + size_t(row) * ld_out + 32 * b)[i] = v[i];
     }
+    if (bf16) {  // the prompt GEMM's plane: 32 values, four 16-byte stores
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        const auto pack = [](float lo, float hi) {
+          return uint32_t(prefill_activation_bf16(lo)) | (uint32_t(prefill_activation_bf16(hi)) << 16);
+        };
+        reinterpret_cast<uint4*>(bf16 + size_t(row) * width + 32 * b)[i / 2] =
+            make_uint4(pack(v[i].x, v[i].y), pack(v[i].z, v[i].w), pack(v[i + 1].x, v[i + 1].y),
+                       pack(v[i + 1].z, v[i + 1].w));
+      }
+    }
   }
   if (row >= q8_rows) return;  // uniform over the block
   quantize_q8_group_values(v, q8, row, b, valid);
 }
 
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
-                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s) {
+                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s,
+                     uint16_t* bf16) {
   if (group <= 0) group = width;
   if (q8_rows > 0 && (group != width || width % 32 != 0 || q8.n_blocks != width / 32))
     fail("rms_norm: fused quantize needs whole rows of the plane's width");
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (group == width && width % 32 == 0 && width <= 32 * 1024 && ld_x % 4 == 0 && ld_out % 4 == 0 &&
-      aligned(x) && aligned(out) && aligned(w)) {
+      aligned(x) && aligned(out) && aligned(w) && aligned(bf16)) {
     launch_kernel("rms_norm", rms_norm_rows_kernel, n_rows, (width / 32 + 31) / 32 * 32, 0, s, x, ld_x, w, out, ld_out, width,
-                  eps, q8, q8_rows);
+                  eps, q8, q8_rows, bf16);
     return;
   }
   const int blocks = n_rows * (width / group);
   const int threads = group >= kNormThreads ? kNormThreads : ((group + 31) / 32) * 32;
   launch_kernel("rms_norm", rms_norm_kernel, blocks, threads, 0, s, x, ld_x, w, out, ld_out, width, group, eps, q8, q8_rows);
+  if (bf16) {  // shapes the row kernel does not take: the standalone conversion (the same bits)
+    if (ld_out != width) fail("rms_norm: a bf16 plane needs contiguous output rows");
+    launch_prefill_activation_bf16(out, bf16, int64_t(n_rows) * width, s.stream);
+  }
 }
 
 // ---- swiglu (+ fused q8 epilogue) ------------------------------------------------------------
 // REQUIRES 256 threads: block (bx, row) writes elements [256 bx, 256 bx + 256) of its row = q8
 // group bx (blocks 8 bx .. 8 bx + 7), which the first 8 lanes of warp 0 quantize after the barrier.
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
-                              float* __restrict__ out, int width, const Q8Plane q8, int q8_rows) {
+                              float* __restrict__ out, int width, const Q8Plane q8, int q8_rows,
+                              uint16_t* __restrict__ bf16) {
   await_predecessor();
   const int row = blockIdx.y;
   const int i = blockIdx.x * 256 + threadIdx.x;
   float* yr = out + size_t(row) * width;
   const float y = i < width ? silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]) : 0.0f;
   if (i < width) yr[i] = y;
+  if (bf16 && i < width) bf16[size_t(row) * width + i] = prefill_activation_bf16(y);
   if (row >= q8_rows) return;  // uniform over the block
   // The quantize reads the CTA's 256 values from shared memory, not back from global (one L2
   // round trip less).
@@ -150,10 +169,11 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   const Q8Plane& q8, int q8_rows, const KernelStream& s) {
+                   const Q8Plane& q8, int q8_rows, const KernelStream& s, uint16_t* bf16) {
   if (q8_rows > 0 && (width % 32 != 0 || q8.n_blocks != width / 32))
     fail("swiglu: fused quantize needs width % 32 == 0 and a plane of that width");
-  launch_kernel("swiglu", swiglu_kernel, dim3((width + 255) / 256, n_rows), 256, 0, s, gate, up, out, width, q8, q8_rows);
+  launch_kernel("swiglu", swiglu_kernel, dim3((width + 255) / 256, n_rows), 256, 0, s, gate, up, out, width, q8, q8_rows,
+                bf16);
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {

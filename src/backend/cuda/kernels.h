@@ -69,12 +69,15 @@ Q8Plane q8_plane(uint8_t* buffer, int tokens, int width);
 // ---- elementwise / norm ------------------------------------------------------------------------
 // rows of width `width` (x rows ld_x floats apart); group > 0 normalises each group separately.
 // q8_rows > 0: also writes the first q8_rows output rows to the q8 plane (the producer-fused
-// A-quantize; needs group == 0 and width % 32 == 0; q8.n_blocks == width / 32).
+// A-quantize; needs group == 0 and width % 32 == 0; q8.n_blocks == width / 32). bf16: also writes
+// every output row as the prompt GEMM's bf16 plane, [n_rows][width] (prefill_activation_bf16,
+// the standalone conversion's bits; 16-byte aligned).
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
-                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s);
-// out = silu(gate) * up over n_rows x width (row-contiguous); q8 as for rms_norm.
+                     int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s,
+                     uint16_t* bf16 = nullptr);
+// out = silu(gate) * up over n_rows x width (row-contiguous); q8 and bf16 as for rms_norm.
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   const Q8Plane& q8, int q8_rows, const KernelStream& s);
+                   const Q8Plane& q8, int q8_rows, const KernelStream& s, uint16_t* bf16 = nullptr);
 void launch_add(const float* a, const float* b, float* out, int64_t n, const KernelStream& s);
 // The standalone quantize: n_rows rows of width floats (ld_x apart) to tokens 0.. of the q8 plane.
 void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, const KernelStream& s);

@@ -4,12 +4,12 @@
 //
 // Formulation (docs/08-cuda-prefill.md says why, and what was measured): weight tiles are
 // dequantized exactly (f32) into shared memory as bf16 and multiplied on the tensor cores
-// (mma.sync m16n8k16, f32 accumulation) against a bf16 activation plane [m][k] (row-major). The
-// backend fills that plane with launch_prefill_activation_bf16 before each prompt GEMM (q, k and v
-// convert the same rows three times); prefill_activation_bf16() below is the per-element body a
-// producer epilogue would share with it (the attention kernel can write its output's plane through
-// PrefillAttention::out_bf16, which the backend does not use yet), so fused and standalone planes
-// would be bitwise equal.
+// (warpgroup MMA on sm_90, mma.sync m16n8k16 elsewhere; f32 accumulation) against a bf16
+// activation plane [m][k] (row-major). The backend's producers write that plane beside their f32
+// output (rms_norm, swiglu, and this file's attention through PrefillAttention::out_bf16) with
+// prefill_activation_bf16() below, the per-element body of the standalone
+// launch_prefill_activation_bf16, so fused and standalone planes are bitwise equal; the standalone
+// conversion runs where no producer could (MINFER_NO_PROMPT_A_FUSE=1, docs/07).
 #pragma once
 #include <cstdint>
 #include <span>
