@@ -144,36 +144,64 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
   }
 }
 
-// ---- swiglu (+ fused q8 epilogue) ------------------------------------------------------------
-// REQUIRES 256 threads: block (bx, row) writes elements [256 bx, 256 bx + 256) of its row = q8
-// group bx (blocks 8 bx .. 8 bx + 7), which the first 8 lanes of warp 0 quantize after the barrier.
+// ---- swiglu (+ fused q8 and bf16 epilogues) ---------------------------------------------------
+// Four elements a thread (16-byte loads and stores): block (bx, row) computes elements [1024 bx,
+// 1024 bx + 1024) of its row = q8 groups 32 bx .. 32 bx + 31, which warp 0 quantizes after the
+// barrier, a lane a group. One element a thread ran at ≈ 40 % of the copy rate (docs/14 §6).
+// REQUIRES 256 threads; width % 4 == 0; gate, up, out 16-byte and bf16 8-byte aligned.
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                               float* __restrict__ out, int width, const Q8Plane q8, int q8_rows,
                               uint16_t* __restrict__ bf16) {
   await_predecessor();
   const int row = blockIdx.y;
-  const int i = blockIdx.x * 256 + threadIdx.x;
-  float* yr = out + size_t(row) * width;
-  const float y = i < width ? silu_mul(gate[size_t(row) * width + i], up[size_t(row) * width + i]) : 0.0f;
-  if (i < width) yr[i] = y;
-  if (bf16 && i < width) bf16[size_t(row) * width + i] = prefill_activation_bf16(y);
+  const int i = (blockIdx.x * 256 + threadIdx.x) * 4;
+  const size_t at = size_t(row) * width + i;
+  float4 y = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (i < width) {
+    const float4 g = *reinterpret_cast<const float4*>(gate + at), u = *reinterpret_cast<const float4*>(up + at);
+    y = make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z), silu_mul(g.w, u.w));
+    *reinterpret_cast<float4*>(out + at) = y;
+    if (bf16)
+      *reinterpret_cast<uint2*>(bf16 + at) =
+          make_uint2(uint32_t(prefill_activation_bf16(y.x)) | (uint32_t(prefill_activation_bf16(y.y)) << 16),
+                     uint32_t(prefill_activation_bf16(y.z)) | (uint32_t(prefill_activation_bf16(y.w)) << 16));
+  }
   if (row >= q8_rows) return;  // uniform over the block
-  // The quantize reads the CTA's 256 values from shared memory, not back from global (one L2
-  // round trip less).
-  __shared__ __align__(16) float tile[256];
-  tile[threadIdx.x] = y;
+  // The quantize reads the CTA's values from shared memory, not back from global (one L2 round
+  // trip less).
+  __shared__ __align__(16) float tile[1024];
+  reinterpret_cast<float4*>(tile)[threadIdx.x] = y;
   __syncthreads();
   if (threadIdx.x >= 32) return;  // warp 0 quantizes (whole warps leave: no barrier follows)
-  const int b = blockIdx.x * 8 + threadIdx.x;
-  quantize_q8_group_member(tile + 32 * threadIdx.x, q8, row, b, threadIdx.x < 8 && b < width / 32);
+  const int b = blockIdx.x * 32 + threadIdx.x;
+  quantize_q8_group_member(tile + 32 * threadIdx.x, q8, row, b, b < width / 32);
+}
+
+// Widths or pointers the four-wide kernel does not take: one element a thread (no q8 epilogue:
+// the plane needs width % 32 == 0, which the four-wide kernel takes).
+__global__ void swiglu_scalar_kernel(const float* __restrict__ gate, const float* __restrict__ up,
+                                     float* __restrict__ out, int width, uint16_t* __restrict__ bf16) {
+  await_predecessor();
+  const int row = blockIdx.y;
+  const int i = blockIdx.x * 256 + threadIdx.x;
+  if (i >= width) return;
+  const size_t at = size_t(row) * width + i;
+  out[at] = silu_mul(gate[at], up[at]);
+  if (bf16) bf16[at] = prefill_activation_bf16(out[at]);
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
                    const Q8Plane& q8, int q8_rows, const KernelStream& s, uint16_t* bf16) {
   if (q8_rows > 0 && (width % 32 != 0 || q8.n_blocks != width / 32))
     fail("swiglu: fused quantize needs width % 32 == 0 and a plane of that width");
-  launch_kernel("swiglu", swiglu_kernel, dim3((width + 255) / 256, n_rows), 256, 0, s, gate, up, out, width, q8, q8_rows,
-                bf16);
+  const auto aligned = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
+  if (width % 4 == 0 && aligned(gate, 16) && aligned(up, 16) && aligned(out, 16) && aligned(bf16, 8)) {
+    launch_kernel("swiglu", swiglu_kernel, dim3((width + 1023) / 1024, n_rows), 256, 0, s, gate, up, out, width, q8,
+                  q8_rows, bf16);
+    return;
+  }
+  if (q8_rows > 0) fail("swiglu: fused quantize needs 16-byte aligned rows");
+  launch_kernel("swiglu", swiglu_scalar_kernel, dim3((width + 255) / 256, n_rows), 256, 0, s, gate, up, out, width, bf16);
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
