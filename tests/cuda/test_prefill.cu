@@ -159,14 +159,6 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
 
 class PrefillGemmTypes : public testing::TestWithParam<GgmlType> {};
 
-bool device_is_sm90() {
-  int device = 0, major = 0, minor = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0;
-}
-
 TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
   REQUIRE_DEVICE();
   uint64_t salt = 100 * uint64_t(GetParam());
@@ -183,13 +175,13 @@ TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
   // MMA on sm_90 (every n-tile, both m-tiles, split and not).
   for (const int n_tile : {32, 64, 128}) {
     run_gemm_case({GetParam(), 100, 264, 512, 0, false, false, 0, 0, 1, false, n_tile, -1}, salt += 10);
-    if (!device_is_sm90()) continue;
+    if (!cuda::prefill_gemm_device_has_wgmma()) continue;
     run_gemm_case({GetParam(), 100, 264, 512, 64, false, false, 0, 0, 1, false, n_tile, 1}, salt += 10);
     run_gemm_case({GetParam(), 200, 264, 512, 128, true, true, 0, 2, 3, true, n_tile, 1}, salt += 10);
   }
   // 256-token tiles (two warpgroups sharing the weight tile): a partial second m-tile, single pass
   // with bias and residual, and split-K.
-  if (device_is_sm90()) {
+  if (cuda::prefill_gemm_device_has_wgmma()) {
     run_gemm_case({GetParam(), 300, 264, 512, 256, true, true, 0, 0, 1, false, 0, 1}, salt += 10);
     run_gemm_case({GetParam(), 40, 264, 768, 256, false, false, 0, 0, 3, true, 0, 1}, salt += 10);
   }
@@ -229,7 +221,7 @@ TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
       };
       const std::vector<float> reference = run(128, 128, -1);
       for (const int wgmma : {-1, 1}) {
-        if (wgmma == 1 && !device_is_sm90()) continue;
+        if (wgmma == 1 && !cuda::prefill_gemm_device_has_wgmma()) continue;
         for (const int m_tile : {64, 128, 256})
           for (const int n_tile : {128, 64, 32}) {
             if ((wgmma == -1 && m_tile == 128 && n_tile == 128) || (m_tile == 256 && (wgmma == -1 || n_tile != 128)))
@@ -320,13 +312,15 @@ TEST(PrefillGemm, AutomaticSplitKOnlyForSmallGrids) {
 
 // The K split is planned for m_plan tokens; the n-tile follows the tokens present (the rule fitted
 // to bench_prefill's sweep, prefill_gemm.cu), and MINFER_NO_NARROW_GEMM_TILES=1 keeps 128 rows.
+PrefillGemmPlan plan_at(PrefillGemm& g, int64_t n, int64_t m) {
+  g.n = n, g.m = m;
+  return cuda::prefill_gemm_plan(g);
+}
+
 TEST(PrefillGemm, NarrowTilesFollowTheGrid) {
   PrefillGemm g;
   g.w_type = GgmlType::Q4_K, g.k = 3584, g.m_plan = 512, g.sm_count = 132;
-  const auto n_tile = [&](int64_t n, int64_t m) {
-    g.n = n, g.m = m;
-    return cuda::prefill_gemm_plan(g).n_tile;
-  };
+  const auto n_tile = [&](int64_t n, int64_t m) { return plan_at(g, n, m).n_tile; };
   EXPECT_EQ(n_tile(3584, 512), 128);  // q at the planned count: 224 CTAs of 128 rows
   EXPECT_EQ(n_tile(3584, 70), 32);    // 56 CTAs of 128 rows; 224 of 32 fit a wave of two a SM
   EXPECT_EQ(n_tile(3584, 256), 64);   // 112 of 128 rows; 448 of 32 would not
@@ -361,10 +355,7 @@ TEST(PrefillGemm, NarrowTilesFollowTheGrid) {
 TEST(PrefillGemm, WideTilesFollowTheGrid) {
   PrefillGemm g;
   g.w_type = GgmlType::Q4_K, g.k = 3584, g.sm_count = 132, g.wgmma = 1;
-  const auto m_tile = [&](int64_t n, int64_t m) {
-    g.n = n, g.m = m;
-    return cuda::prefill_gemm_plan(g).m_tile;
-  };
+  const auto m_tile = [&](int64_t n, int64_t m) { return plan_at(g, n, m).m_tile; };
   EXPECT_EQ(m_tile(18944, 512), 256);  // gate: 2 x 148 CTAs of 256 tokens
   EXPECT_EQ(m_tile(3584, 4096), 256);  // q: 16 x 28
   EXPECT_EQ(m_tile(3584, 512), 256);   // q, 2 K slices: 112 CTAs of 256 against 224 of 128

@@ -39,6 +39,9 @@ void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, 
 // ---- GEMM: Y[m, n] = X[m, :] . W[n, :] (+ bias[n]) (+ residual[m, n]) --------------------------
 // Weight types with a prefill GEMM: q4_K, q5_K, q6_K, q8_0, f16, bf16, f32.
 bool prefill_gemm_supports(GgmlType t);
+// Whether the current device runs the warpgroup-MMA kernels (sm_90, the sm_90a code this build
+// carries); the mma.sync kernels run everywhere.
+bool prefill_gemm_device_has_wgmma();
 
 struct PrefillGemm {
   GgmlType w_type = GgmlType::F32;

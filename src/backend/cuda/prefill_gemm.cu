@@ -609,15 +609,6 @@ void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t str
     plan.m_tile == 128 ? launch_m_tiled<T, 128, false>(p, plan, stream) : launch_m_tiled<T, 64, false>(p, plan, stream);
 }
 
-// Warpgroup MMA needs an sm_90 device (the sm_90a code this build carries).
-bool device_runs_wgmma() {
-  int device = 0, major = 0, minor = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  return major == 9 && minor == 0;
-}
-
 int multiprocessor_count(const PrefillGemm& g) {
   if (g.sm_count > 0) return g.sm_count;
   int device = 0, n = 0;
@@ -702,6 +693,14 @@ __global__ void activation_bf16_kernel(const float* __restrict__ src, uint16_t* 
 
 }  // namespace
 
+bool prefill_gemm_device_has_wgmma() {
+  int device = 0, major = 0, minor = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  return major == 9 && minor == 0;
+}
+
 bool prefill_gemm_supports(GgmlType t) {
   switch (t) {
     case GgmlType::Q4_K: case GgmlType::Q5_K: case GgmlType::Q6_K: case GgmlType::Q8_0:
@@ -723,7 +722,7 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   const size_t workspace_bytes = kPrefillGemmWorkspaceBytes;
   const bool single_pass = g.k_splits == 1 || (g.k_splits == 0 && (enough_tiles || split_k_disabled()));
   PrefillGemmPlan plan;
-  plan.wgmma = g.wgmma == 1 || (g.wgmma == 0 && !env_flag("MINFER_NO_WGMMA_GEMM") && device_runs_wgmma());
+  plan.wgmma = g.wgmma == 1 || (g.wgmma == 0 && !env_flag("MINFER_NO_WGMMA_GEMM") && prefill_gemm_device_has_wgmma());
   if (single_pass) {
     plan.m_tile = g.m_tile ? g.m_tile : (enough_tiles ? 128 : 64);
   } else {
@@ -757,7 +756,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
     fail("prefill GEMM: n_tile ", g.n_tile, " is not 0, 32, 64 or 128");
   if (g.k_splits < 0) fail("prefill GEMM: k_splits ", g.k_splits, " is negative");
   if (g.wgmma < -1 || g.wgmma > 1) fail("prefill GEMM: wgmma ", g.wgmma, " is not -1, 0 or 1");
-  if (g.wgmma == 1 && !device_runs_wgmma()) fail("prefill GEMM: warpgroup MMA needs an sm_90 device");
+  if (g.wgmma == 1 && !prefill_gemm_device_has_wgmma()) fail("prefill GEMM: warpgroup MMA needs an sm_90 device");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
   if (!g.w || !g.x || !g.y) fail("prefill GEMM: null weight, activation or output pointer");
