@@ -30,12 +30,16 @@
 #include <tuple>
 #include <vector>
 
+#include "../tests/cuda/model_gemms.h"
 #include "../tests/cuda/prefill_test_data.h"
 #include "backend/cuda/prefill.h"
 #include "convert/synth.h"
 
 namespace minfer {
 namespace {
+
+using test::PromptGemm;
+using test::prompt_gemms;
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -155,27 +159,6 @@ void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, 
   double keys = 0;  // causal: token i sees pos0 + i + 1 positions
   for (int i = 0; i < m; ++i) keys += pos0 + i + 1;
   time_with_events(state, 4.0 * hd * n_head * keys, [&] { cuda::launch_prefill_attention(a, nullptr); });
-}
-
-// The prompt GEMMs of one forward of a preset under the Q4_K_M mix: one entry per (matrix, type),
-// with the number of layers that run it.
-struct PromptGemm {
-  std::string matrix;  // attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
-  GgmlType type;
-  int64_t n, k;        // output rows, row length
-  int per_forward;
-};
-std::vector<PromptGemm> prompt_gemms(const synth::Preset& preset) {
-  std::vector<PromptGemm> out;
-  for (const synth::PlannedTensor& t : synth::plan_tensors(preset, synth::FileType::Q4_K_M)) {
-    if (t.name.rfind("blk.", 0) != 0 || t.shape.size() != 2) continue;
-    const size_t dot = t.name.find('.', 4), end = t.name.rfind(".weight");
-    const std::string matrix = t.name.substr(dot + 1, end - dot - 1);
-    auto it = std::find_if(out.begin(), out.end(), [&](const PromptGemm& g) { return g.matrix == matrix && g.type == t.type; });
-    if (it == out.end()) it = out.insert(out.end(), PromptGemm{matrix, t.type, t.shape[1], t.shape[0], 0});
-    ++it->per_forward;
-  }
-  return out;
 }
 
 int register_all() {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/cuda/prefill.h"
+#include "model_gemms.h"
 #include "prefill_test_data.h"
 #include "quant/quant.h"
 #include "../support.h"
@@ -87,6 +88,8 @@ struct GemmCase {
   bool expect_split = false;  // the plan must split K (checks that the case tests split-K)
   int n_tile = 0;  // 0: automatic
   int wgmma = 0;   // 0: automatic (warpgroup MMA on sm_90), -1: mma.sync, 1: warpgroup MMA
+  int64_t m_plan = 0;    // the token count the K split is planned for (the engine: 512)
+  int64_t col_step = 1;  // check every col_step-th output column (and the last): model-size shapes
 };
 
 // Runs one GEMM and checks every output against the float64 dot of dequantize_row(W) and the
@@ -116,6 +119,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   g.k_splits = c.k_splits;
   g.n_tile = c.n_tile;
   g.wgmma = c.wgmma;
+  g.m_plan = c.m_plan;
   if (c.expect_split) EXPECT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "m=" << c.m << " n=" << c.n << " k=" << c.k;
   DeviceBuffer<float> workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g) / 4, 1));
   g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * 4;
@@ -127,7 +131,9 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   std::vector<float> w_row(size_t(c.k));
   const size_t stride = row_bytes(c.type, c.k);
   int failures = 0;
-  for (int64_t col = 0; col < c.n; ++col) {
+  // Columns 0, col_step, 2 col_step, ... and the last one.
+  const auto next_col = [&](int64_t col) { return col == c.n - 1 ? c.n : std::min(col + c.col_step, c.n - 1); };
+  for (int64_t col = 0; col < c.n; col = next_col(col)) {
     dequantize_row(c.type, w.data() + stride * size_t(col), w_row.data(), c.k);
     for (int64_t row = 0; row < c.m; ++row) {
       double dot = 0, magnitude = 0;
@@ -234,6 +240,23 @@ TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
       }
     }
   }
+}
+
+// Every prompt GEMM of the 7B and 14B forwards at its real shape and type (the table bench_prefill
+// times), as the engine plans it (K split for 512 tokens): a short prompt, and 300 tokens (a
+// 256-token tile and a partial one where warpgroup MMA runs), every 61st output column checked.
+TEST(PrefillGemm, ModelShapesMatchFloat64Reference) {
+  REQUIRE_DEVICE();
+  uint64_t salt = 9600;
+  for (const char* preset : {"qwen2.5-7b", "qwen2.5-14b"})
+    for (const test::PromptGemm& pg : test::prompt_gemms(synth::find_preset(preset)))
+      for (const int64_t m : {5, 300}) {
+        SCOPED_TRACE(std::string(preset) + " " + pg.matrix + " " + type_traits(pg.type).name + " m=" + std::to_string(m));
+        GemmCase c{pg.type, m, pg.n, pg.k};
+        c.m_plan = 512;
+        c.col_step = 61;
+        run_gemm_case(c, salt += 10);
+      }
 }
 
 // Split-K: forced uneven slices (k = 512 is 8 K steps: 3 slices of 3, 3, 2; 8 slices of one step)

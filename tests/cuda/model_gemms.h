@@ -1,0 +1,36 @@
+// The prompt GEMMs a model runs, as one table for the GPU tests (test_prefill: each against the
+// float64 reference at its real shape) and the kernel micro-bench (bench_prefill: each timed).
+// Taken from the synthesizer's tensor plan, so the types are those of llama.cpp's Q4_K_M mix.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "convert/synth.h"
+#include "quant/types.h"
+
+namespace minfer::test {
+
+// One entry per (matrix, type) of a forward, with the number of layers that run it.
+struct PromptGemm {
+  std::string matrix;  // attn_q, attn_k, attn_v, attn_output, ffn_gate, ffn_up, ffn_down
+  GgmlType type;
+  int64_t n, k;        // output rows, row length
+  int per_forward;
+};
+
+inline std::vector<PromptGemm> prompt_gemms(const synth::Preset& preset) {
+  std::vector<PromptGemm> out;
+  for (const synth::PlannedTensor& t : synth::plan_tensors(preset, synth::FileType::Q4_K_M)) {
+    if (t.name.rfind("blk.", 0) != 0 || t.shape.size() != 2) continue;
+    const size_t dot = t.name.find('.', 4), end = t.name.rfind(".weight");
+    const std::string matrix = t.name.substr(dot + 1, end - dot - 1);
+    auto it = std::find_if(out.begin(), out.end(), [&](const PromptGemm& g) { return g.matrix == matrix && g.type == t.type; });
+    if (it == out.end()) it = out.insert(out.end(), PromptGemm{matrix, t.type, t.shape[1], t.shape[0], 0});
+    ++it->per_forward;
+  }
+  return out;
+}
+
+}  // namespace minfer::test
