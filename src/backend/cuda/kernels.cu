@@ -108,14 +108,11 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
     }
     if (bf16) {  // the prompt GEMM's plane: 32 values, four 16-byte stores
 #pragma unroll
-      for (int i = 0; i < 8; i += 2) {
-        const auto pack = [](float lo, float hi) {
-          return uint32_t(prefill_activation_bf16(lo)) | (uint32_t(prefill_activation_bf16(hi)) << 16);
-        };
+      for (int i = 0; i < 8; i += 2)
         reinterpret_cast<uint4*>(bf16 + size_t(row) * width + 32 * b)[i / 2] =
-            make_uint4(pack(v[i].x, v[i].y), pack(v[i].z, v[i].w), pack(v[i + 1].x, v[i + 1].y),
-                       pack(v[i + 1].z, v[i + 1].w));
-      }
+            make_uint4(prefill_activation_bf16x2(v[i].x, v[i].y), prefill_activation_bf16x2(v[i].z, v[i].w),
+                       prefill_activation_bf16x2(v[i + 1].x, v[i + 1].y),
+                       prefill_activation_bf16x2(v[i + 1].z, v[i + 1].w));
     }
   }
   if (row >= q8_rows) return;  // uniform over the block
@@ -162,9 +159,7 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
     y = make_float4(silu_mul(g.x, u.x), silu_mul(g.y, u.y), silu_mul(g.z, u.z), silu_mul(g.w, u.w));
     *reinterpret_cast<float4*>(out + at) = y;
     if (bf16)
-      *reinterpret_cast<uint2*>(bf16 + at) =
-          make_uint2(uint32_t(prefill_activation_bf16(y.x)) | (uint32_t(prefill_activation_bf16(y.y)) << 16),
-                     uint32_t(prefill_activation_bf16(y.z)) | (uint32_t(prefill_activation_bf16(y.w)) << 16));
+      *reinterpret_cast<uint2*>(bf16 + at) = make_uint2(prefill_activation_bf16x2(y.x, y.y), prefill_activation_bf16x2(y.z, y.w));
   }
   if (row >= q8_rows) return;  // uniform over the block
   // The quantize reads the CTA's values from shared memory, not back from global (one L2 round

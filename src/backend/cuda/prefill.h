@@ -31,6 +31,10 @@ namespace minfer::cuda {
 __device__ __forceinline__ uint16_t prefill_activation_bf16(float v) {
   return __bfloat16_as_ushort(__float2bfloat16_rn(v));
 }
+// Two neighbouring activations as one 32-bit word of the plane (lo at the lower address).
+__device__ __forceinline__ uint32_t prefill_activation_bf16x2(float lo, float hi) {
+  return uint32_t(prefill_activation_bf16(lo)) | (uint32_t(prefill_activation_bf16(hi)) << 16);
+}
 #endif
 
 // dst[i] = prefill_activation_bf16(src[i]) for i < n (the standalone conversion).

@@ -211,8 +211,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
       const float2 v = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
       *reinterpret_cast<float2*>(p.out + int64_t(row) * p.ldo + col) = v;
       if (p.out_bf16)
-        *reinterpret_cast<uint32_t*>(p.out_bf16 + int64_t(row) * p.ldo + col) =
-            uint32_t(prefill_activation_bf16(v.x)) | (uint32_t(prefill_activation_bf16(v.y)) << 16);
+        *reinterpret_cast<uint32_t*>(p.out_bf16 + int64_t(row) * p.ldo + col) = prefill_activation_bf16x2(v.x, v.y);
     }
   }
 }

@@ -364,9 +364,9 @@ struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weig
 // dequantized and waited for after, so the tensor cores work while the warps dequantize; the
 // accumulators hold the m64 parts of the warpgroup's rows (two warpgroups at kBM = 256, each
 // its own 128 tokens) of the whole n-tile. Otherwise each warp runs mma.sync on its 2 x 2 share
-// of the tile. REQUIRES for kWgmma: sm_90a (the launcher checks the
-// device; other compilations trap), kSmemBytes + 1024 bytes of dynamic shared memory (the tiles
-// are aligned to 1024 bytes inside it).
+// of the tile. REQUIRES for kWgmma: sm_90a (the launcher checks the device; other compilations
+// trap), kSmemBytes + 1024 bytes of dynamic shared memory (the tiles are aligned to 1024 bytes
+// inside it).
 template <GgmlType T, int kBM, int kBN, bool kSplitK, bool kWgmma>
 __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_kernel(const GemmParams p) {
   using Shape = GemmShape<kBM, kBN>;
