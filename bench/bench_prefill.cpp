@@ -8,9 +8,12 @@
 // S K slices (the sweep that checks the automatic choice), .../tileT forces the m tile;
 // .../mmasync forces the mma.sync kernel where warpgroup MMA is the default (sm_90);
 // .../mtileT forces the m-tile under the automatic K split (256: warpgroup MMA only), and
-// .../mtile256/splitS both;
+// .../mtile256/splitS both; gemm/7B/ffn_gate_up_swiglu/<type>/M<m> is gate, up and the swiglu in
+// one GEMM (TFLOP/s counts both products); gemm/7B/attn_qkv_stacked, attn_qk_stacked and
+// attn_v/q6_K/M<m>/planqkv are q, k and v as the engine launches them;
 // gemm/7B/<matrix>/<type>/M<m>/plan512[/ntileT] are short prompts with the engine's K split
-// (planned for 512 tokens) and the automatic or a forced n-tile.
+// (planned for 512 tokens and the matrix's q/k/v or gate/up group) and the automatic or a forced
+// n-tile.
 //   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // Split-K A/B of the small-N matrices only:
 //   bench_prefill --benchmark_filter='^gemm/(7B|14B)/(attn_.|attn_output|ffn_down)/' \
@@ -105,22 +108,52 @@ void time_with_events(benchmark::State& state, double flops, Launch launch) {
 }
 
 void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile,
-                int k_splits = 0, int64_t m_plan = 0, int n_tile = 0, int wgmma = 0) {
-  DeviceMemory y(size_t(m * n) * 4);
+                int k_splits = 0, int64_t m_plan = 0, int n_tile = 0, int wgmma = 0, bool swiglu = false,
+                int64_t n_plan = 0) {
+  DeviceMemory y(size_t(m * n) * 4), y_bf16(size_t(m * n) * 2);
   cuda::PrefillGemm g;
   g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
+  if (swiglu) g.w_up = device_weights(type, n, k), g.y_bf16 = static_cast<uint16_t*>(y_bf16.ptr);
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
   g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
-  g.m_plan = m_plan, g.n_tile = n_tile, g.wgmma = wgmma;
+  g.m_plan = m_plan, g.n_plan = n_plan, g.n_tile = n_tile, g.wgmma = wgmma;
   DeviceMemory workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g), 256));
   g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
-  time_with_events(state, 2.0 * double(m) * double(n) * double(k),
+  time_with_events(state, (swiglu ? 4.0 : 2.0) * double(m) * double(n) * double(k),
                    [&] { cuda::launch_prefill_gemm(g, nullptr); });
   const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
   state.counters["splits"] = plan.k_splits;
   state.counters["m_tile"] = plan.m_tile;
   state.counters["n_tile"] = plan.n_tile;
   state.counters["wgmma"] = plan.wgmma;
+}
+
+// Matrices of one type stacked in one launch (q, k and v: PrefillGemm::stacked), planned as the
+// engine plans them: for 512 tokens and the q/k/v group's rows (n_plan).
+void bench_stacked(benchmark::State& state, GgmlType type, const std::vector<int64_t>& rows, int64_t n_plan,
+                   int64_t k, int64_t m) {
+  std::vector<std::unique_ptr<DeviceMemory>> y;
+  cuda::PrefillGemm g;
+  g.w_type = type, g.k = k, g.m = m, g.m_plan = 512, g.n_plan = n_plan;
+  g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k;
+  int64_t n_all = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    y.push_back(std::make_unique<DeviceMemory>(size_t(m * rows[i]) * 4));
+    float* out = static_cast<float*>(y.back()->ptr);
+    if (i == 0)
+      g.w = device_weights(type, rows[i], k), g.n = rows[i], g.y = out, g.ldy = rows[i];
+    else
+      g.stacked[i - 1] = {device_weights(type, rows[i], k), rows[i], out, rows[i], nullptr};
+    n_all += rows[i];
+  }
+  g.n_stacked = int(rows.size()) - 1;
+  DeviceMemory workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g), 256));
+  g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
+  time_with_events(state, 2.0 * double(m) * double(n_all) * double(k), [&] { cuda::launch_prefill_gemm(g, nullptr); });
+  const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
+  state.counters["splits"] = plan.k_splits;
+  state.counters["m_tile"] = plan.m_tile;
+  state.counters["n_tile"] = plan.n_tile;
 }
 
 void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {
@@ -215,7 +248,37 @@ int register_all() {
       add("gemm/7B/" + matrix + "/" + type_traits(t).name + "/M512",
           [t, n = same->n, k = same->k](benchmark::State& s) { bench_gemm(s, t, n, k, 512, 0); });
     }
-  // Prompts as the engine runs them (the K split planned for 512 tokens): the automatic n-tile
+  // Gate, up and the swiglu in one GEMM (MINFER_NO_GEMM_SWIGLU=1 runs ffn_gate, ffn_up and the
+  // swiglu kernel instead): gemm/7B/ffn_gate_up_swiglu/<type>/M<m>.
+  for (int64_t m : {70, 512, 4096}) {
+    const auto gate = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "ffn_gate"; });
+    add("gemm/7B/ffn_gate_up_swiglu/" + std::string(type_traits(gate->type).name) + "/M" + std::to_string(m),
+        [t = gate->type, n = gate->n, k = gate->k, m](benchmark::State& s) {
+          bench_gemm(s, t, n, k, m, 0, 0, 512, 0, 0, true);
+        });
+  }
+  // q, k and v as the engine runs them: the runs of one type stacked in one launch, each planned
+  // for the three's rows (MINFER_NO_FUSED_QKV=1 runs them one by one, planned alike):
+  // gemm/7B/attn_qkv_stacked/q4_K/M<m> where v is q4_K; where v is q6_K, .../attn_qk_stacked/q4_K
+  // and gemm/7B/attn_v/q6_K/M<m>/planqkv.
+  {
+    const auto q = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "attn_q"; });
+    const auto kk = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "attn_k"; });
+    const int64_t group = q->n + 2 * kk->n, k = q->k;
+    for (int64_t m : {70, 512, 4096}) {
+      const std::string tail = "/M" + std::to_string(m);
+      add("gemm/7B/attn_qkv_stacked/q4_K" + tail, [=](benchmark::State& s) {
+        bench_stacked(s, GgmlType::Q4_K, {q->n, kk->n, kk->n}, group, k, m);
+      });
+      add("gemm/7B/attn_qk_stacked/q4_K" + tail, [=](benchmark::State& s) {
+        bench_stacked(s, GgmlType::Q4_K, {q->n, kk->n}, group, k, m);
+      });
+      add("gemm/7B/attn_v/q6_K" + tail + "/planqkv", [=](benchmark::State& s) {
+        bench_stacked(s, GgmlType::Q6_K, {kk->n}, group, k, m);
+      });
+    }
+  }
+  // Prompts as the engine runs them (the K split planned for 512 tokens and the group's rows): the automatic n-tile
   // and each forced width, per 7B matrix (the sweep plan_n_tile was fitted to).
   for (const PromptGemm& g : mix7b)
     for (int64_t m : {16, 70, 128, 256, 512})
@@ -223,7 +286,7 @@ int register_all() {
         const std::string name = "gemm/7B/" + g.matrix + "/" + type_traits(g.type).name + "/M" + std::to_string(m) +
                                  "/plan512" + (n_tile ? "/ntile" + std::to_string(n_tile) : "");
         add(name, [=](benchmark::State& s) {
-          bench_gemm(s, g.type, g.n, g.k, m, 0, 0, 512, n_tile);
+          bench_gemm(s, g.type, g.n, g.k, m, 0, 0, 512, n_tile, 0, false, g.group_rows);
           s.counters["per_forward"] = g.per_forward;
         });
       }

@@ -71,7 +71,10 @@ TEST(Plan, PromptAndMixedSteps) {
   const Model& m = model("tiny-llama3");
   const int L = m.hp.n_layer;
   const auto prompt = count(lower(build_graph(m), Fusions{}, kPrompt));
-  EXPECT_EQ(prompt.at("gemm"), 7 * L);  // q, k, v, o, gate, up, down
+  EXPECT_EQ(prompt.at("gemm"), 2 * L);      // o, down
+  EXPECT_EQ(prompt.at("gemm_qkv"), L);      // q, k and v (stacked by the backend where it can)
+  EXPECT_EQ(prompt.at("gemm_swiglu"), L);  // gate, up and the swiglu in one
+  EXPECT_EQ(prompt.count("swiglu"), 0u);
   EXPECT_EQ(prompt.at("prefill_attention"), L);
   EXPECT_EQ(prompt.count("attention_split_combine"), 0u);
   EXPECT_EQ(prompt.at("gather_output_rows"), 1);
@@ -85,12 +88,25 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(bf16_writers, 4 * L);
   const auto mixed = count(lower(build_graph(m), Fusions{}, kMixed));
   EXPECT_EQ(mixed.at("matvec_qkv_rope_kv"), L);  // decode rows: fused, roped, cached
-  EXPECT_EQ(mixed.at("gemm"), 7 * L);            // prompt rows: the GEMM
+  EXPECT_EQ(mixed.at("gemm"), 2 * L);            // prompt rows: the GEMM
+  EXPECT_EQ(mixed.at("gemm_qkv"), L);
+  EXPECT_EQ(mixed.at("gemm_swiglu"), L);
+  EXPECT_EQ(mixed.at("swiglu_quant_q8"), L);     // the decode rows' swiglu (and their q8 plane)
   EXPECT_EQ(mixed.at("rope"), 2 * L);            // ... roped and cached separately
   EXPECT_EQ(mixed.at("kv_append"), L);
   EXPECT_EQ(mixed.at("attention_split_combine"), L);
   EXPECT_EQ(mixed.at("prefill_attention"), L);
   EXPECT_EQ(mixed.count("activation_bf16"), 0u);  // the decode rows' q8 launches keep the plane
+  // The decode rows' swiglu runs after the SwiGLU GEMM (whose matvec fallback for weight types
+  // without a GEMM would overwrite the q8 plane) and feeds the down matmul without a quantize.
+  const std::vector<Launch> steps = lower(build_graph(m), Fusions{}, kMixed);
+  for (size_t i = 0; i < steps.size(); ++i)
+    if (steps[i].name == std::string("swiglu_quant_q8")) {
+      ASSERT_TRUE(i > 0 && i + 1 < steps.size());
+      EXPECT_EQ(steps[i].rows, Rows::Decode);
+      EXPECT_EQ(steps[i - 1].name, std::string("gemm_swiglu"));
+      EXPECT_EQ(steps[i + 1].name, std::string("matvec"));
+    }
   for (const Launch& l : lower(build_graph(m), Fusions{}, kDecode)) EXPECT_FALSE(l.writes_bf16) << l.name;
 }
 
@@ -115,6 +131,13 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   EXPECT_EQ(n.at("quantize_q8"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
   n = count(lower(g, with([](Fusions& f) { f.prompt_a_fuse = false; }), kPrompt));
   EXPECT_EQ(n.at("activation_bf16"), 4 * m.hp.n_layer);  // once for q, k, v; o; gate and up; down
+  n = count(lower(g, with([](Fusions& f) { f.gemm_swiglu = false; }), kPrompt));
+  EXPECT_EQ(n.count("gemm_swiglu"), 0u);
+  EXPECT_EQ(n.at("gemm"), 4 * m.hp.n_layer);  // o, gate, up, down
+  EXPECT_EQ(n.at("swiglu"), m.hp.n_layer);
+  n = count(lower(g, with([](Fusions& f) { f.fused_qkv = false; }), kPrompt));
+  EXPECT_EQ(n.count("gemm_qkv"), 0u);
+  EXPECT_EQ(n.at("gemm"), 5 * m.hp.n_layer);  // q, k, v, o, down
 
   for (const StepShape shape : {kDecode, kPrompt, kMixed}) {
     const std::vector<Launch> plain = lower(g, Fusions::none(), shape);
@@ -123,6 +146,7 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
       EXPECT_LE(l.n_segs, 1) << l.name;
       EXPECT_FALSE(l.writes_q8) << l.name;
       EXPECT_FALSE(l.writes_bf16) << l.name;
+      EXPECT_FALSE(l.swiglu) << l.name;
       EXPECT_EQ(l.residual, -1) << l.name;
       if (l.completes_node >= 0) ++completed[size_t(l.completes_node)];
     }

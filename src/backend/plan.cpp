@@ -48,14 +48,23 @@ class Lowering {
   }
 
   // Which slot's rows the q8 and the bf16 planes hold. Matmuls read the planes and keep them; a
-  // Quantize or ConvertBf16 writes only its own plane; every other launch may overwrite the slot
-  // (or the plane's producer is gone), so it drops both unless it writes one.
+  // Quantize or ConvertBf16 writes only its own plane. The q8 plane follows the MmqCache rule: any
+  // other launch drops it unless it writes it; so does a prompt matmul over a slot of another
+  // width (the backend's matvec for weight types without a GEMM quantizes its prompt rows into
+  // the shared q8 buffer, whose carve depends on the width, so other widths' decode rows are
+  // overwritten). A bf16 plane holds prompt rows: it is dropped by a launch that writes those rows
+  // of the slot it mirrors (only its writers and ConvertBf16 touch the planes themselves), not by
+  // one over decode rows only, such as the decode rows' swiglu after the SwiGLU GEMM.
   void emit(Launch l) {
     const bool matmul = l.kind == LaunchKind::DecodeMatmul || l.kind == LaunchKind::PromptMatmul;
     if (!matmul && l.kind != LaunchKind::ConvertBf16) q8_slot_ = -1;
-    if (!matmul && l.kind != LaunchKind::Quantize) bf16_slot_ = -1;
+    if (l.kind == LaunchKind::PromptMatmul && q8_slot_ >= 0 && width(q8_slot_) != width(l.in)) q8_slot_ = -1;
+    if (l.out >= 0 && l.out == bf16_slot_ && l.rows != Rows::Decode) bf16_slot_ = -1;
     if (l.writes_q8 || l.kind == LaunchKind::Quantize) q8_slot_ = l.kind == LaunchKind::Quantize ? l.in : l.out;
-    if (l.writes_bf16 || l.kind == LaunchKind::ConvertBf16) bf16_slot_ = l.kind == LaunchKind::ConvertBf16 ? l.in : l.out;
+    if (l.writes_bf16 || l.kind == LaunchKind::ConvertBf16) {
+      bf16_slot_ = l.kind == LaunchKind::ConvertBf16 ? l.in : l.out;
+      bf16_plane_ = l.bf16_out;
+    }
     out_.push_back(std::move(l));
   }
   // A decode matmul over `rows` of slot `in`: quantized first unless its producer wrote the plane.
@@ -87,6 +96,8 @@ class Lowering {
       c.node = l.node;
       emit(std::move(c));
     }
+    l.bf16_in = uint8_t(bf16_plane_);
+    if (l.writes_bf16) l.bf16_out = uint8_t(1 - bf16_plane_);  // the SwiGLU GEMM: not the plane it reads
     emit(std::move(l));
   }
   void prompt_matmuls(std::initializer_list<size_t> nodes, int completes) {
@@ -146,7 +157,7 @@ class Lowering {
         return 1;
       }
       case Op::SwiGLU:
-        swiglu(i);
+        swiglu(i, Rows::All);
         return 1;
       case Op::Add:
         emit({LaunchKind::Add, "add", Rows::All, n.in[0], n.in[1], n.out, int(i), int(i)});
@@ -171,6 +182,7 @@ class Lowering {
 
   // q, k, v of one input in one decode launch; with rope and the KV write in its epilogue when
   // rope_q, rope_k and attention follow directly (qwen3's q/k norms come between: Store only).
+  // Prompt rows: one launch of the three (the backend stacks those of one type in one GEMM).
   size_t qkv(size_t i) {
     if (!f_.fused_qkv || !is(i + 1, Op::MatMul) || !is(i + 2, Op::MatMul)) return 0;
     const Node &q = node(i), &k = node(i + 1), &v = node(i + 2);
@@ -188,28 +200,40 @@ class Lowering {
       }
       decode_matmul(std::move(l));
     }
-    prompt_matmuls({i, i + 1, i + 2}, -1);
+    if (s_.prompt) prompt_matmul(matmul_launch(LaunchKind::PromptMatmul, "gemm_qkv", Rows::Prompt, {i, i + 1, i + 2}));
     return 3;
   }
 
-  // gate and up in one decode launch, then the SwiGLU node.
+  // gate and up in one decode launch, then the SwiGLU node. Prompt rows: gate, up and the SwiGLU
+  // in one GEMM, then the decode rows' swiglu (after the GEMM, so the q8 plane it writes for the
+  // down matmul survives the GEMM's fallback for weight types without one).
   size_t gate_up(size_t i) {
     if (!f_.fused_ffn || !is(i + 1, Op::MatMul) || !is(i + 2, Op::SwiGLU)) return 0;
     const Node &gate = node(i), &up = node(i + 1), &sw = node(i + 2);
     if (up.in[0] != gate.in[0] || sw.in[0] != gate.out || sw.in[1] != up.out || gate.bias || up.bias) return 0;
     if (s_.decode) decode_matmul(matmul_launch(LaunchKind::DecodeMatmul, "matvec_gate_up", Rows::Decode, {i, i + 1}));
-    prompt_matmuls({i, i + 1}, -1);
-    swiglu(i + 2);
+    if (!f_.gemm_swiglu || !s_.prompt) {
+      prompt_matmuls({i, i + 1}, -1);
+      swiglu(i + 2, Rows::All);
+      return 3;
+    }
+    Launch l = matmul_launch(LaunchKind::PromptMatmul, "gemm_swiglu", Rows::Prompt, {i, i + 1});
+    l.swiglu = true;
+    l.out = sw.out;
+    l.completes_node = s_.decode ? -1 : int(i + 2);
+    l.writes_bf16 = feeds_prompt_gemm(i + 3, sw.out);
+    prompt_matmul(std::move(l));
+    if (s_.decode) swiglu(i + 2, Rows::Decode);
     return 3;
   }
 
-  void swiglu(size_t i) {
+  void swiglu(size_t i, Rows rows) {
     const Node& n = node(i);
     const bool q8 = f_.decode_a_fuse && s_.decode && width(n.out) % 32 == 0 && feeds_decode_matmul(i + 1, n.out);
-    Launch l{LaunchKind::SwiGLU, q8 ? "swiglu_quant_q8" : "swiglu", Rows::All, n.in[0], n.in[1], n.out, int(i),
-             int(i)};
+    // completes the node: all rows, or the decode rows after the SwiGLU GEMM wrote the prompt rows
+    Launch l{LaunchKind::SwiGLU, q8 ? "swiglu_quant_q8" : "swiglu", rows, n.in[0], n.in[1], n.out, int(i), int(i)};
     l.writes_q8 = q8;
-    l.writes_bf16 = feeds_prompt_gemm(i + 1, n.out);
+    l.writes_bf16 = rows == Rows::All && feeds_prompt_gemm(i + 1, n.out);
     emit(std::move(l));
   }
 
@@ -250,7 +274,8 @@ class Lowering {
   StepShape s_;
   std::vector<Launch> out_;
   int q8_slot_ = -1;                  // the slot whose decode (or output) rows the q8 plane holds
-  int bf16_slot_ = -1;                // the slot whose rows the bf16 plane (prompt GEMM input) holds
+  int bf16_slot_ = -1;                // the slot whose rows a bf16 plane (prompt GEMM input) holds
+  int bf16_plane_ = 0;                // ... and which of the two
   bool rope_done_for_decode_ = false; // the fused qkv epilogue roped and cached the decode rows
 };
 
@@ -263,6 +288,7 @@ Fusions Fusions::from_env() {
   f.cuda_graph = !env_flag("MINFER_NO_CUDA_GRAPH");
   f.fused_qkv = !env_flag("MINFER_NO_FUSED_QKV");
   f.fused_ffn = !env_flag("MINFER_NO_FUSED_FFN");
+  f.gemm_swiglu = !env_flag("MINFER_NO_GEMM_SWIGLU");
   f.fused_residual = !env_flag("MINFER_NO_FUSED_RESIDUAL");
   f.pdl = !env_flag("MINFER_NO_PDL");
   f.batch_invariant = !env_flag("MINFER_NONDETERMINISTIC");
@@ -271,7 +297,8 @@ Fusions Fusions::from_env() {
 
 Fusions Fusions::none() {
   Fusions f;
-  f.decode_a_fuse = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.fused_residual = f.pdl = false;
+  f.decode_a_fuse = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu = f.fused_residual =
+      f.pdl = false;
   return f;
 }
 

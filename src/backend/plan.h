@@ -21,6 +21,7 @@ struct Fusions {
   bool cuda_graph = true;      // MINFER_NO_CUDA_GRAPH: launch decode steps one by one
   bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch
   bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
+  bool gemm_swiglu = true;     // MINFER_NO_GEMM_SWIGLU: prompt rows' gate, up and swiglu in one GEMM
   bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
   bool pdl = true;             // MINFER_NO_PDL: each kernel starts only after the one before it ends
   // MINFER_NONDETERMINISTIC: plan the prompt GEMM's K split for each launch's own token count
@@ -39,7 +40,7 @@ enum class LaunchKind : uint8_t {
   Quantize,         // the q8 plane of `in`'s rows (its producer could not write it)
   ConvertBf16,      // the bf16 plane of `in`'s prompt rows (its producer could not write it)
   DecodeMatmul,     // the decode matmul over decode or output rows: 1-3 segments
-  PromptMatmul,     // the prompt GEMM over prompt rows: one segment
+  PromptMatmul,     // the prompt GEMM over prompt rows: one segment, q/k/v (stacked) or gate/up (swiglu)
   Rope,             // in place on `out` (rows)
   KvAppend,         // K (in) and V (in2) rows into the cache of `layer`
   DecodeAttention,  // decode rows: q (in) over the cache of `layer` -> out
@@ -67,10 +68,15 @@ struct Launch {
   std::array<int, 3> seg_node{{-1, -1, -1}};  // matmul nodes: weight, bias, output slot
   std::array<SegmentEpilogue, 3> epi{};
   int residual = -1;          // slot added in the epilogue; the result goes to `out` (the Add's)
+  bool swiglu = false;        // PromptMatmul: segments gate and up, silu(gate) * up into `out`
   // RmsNorm / SwiGLU
   bool writes_q8 = false;
-  // RmsNorm / SwiGLU / PromptAttention: the next matmul is a prompt GEMM reading this plane
+  // RmsNorm / SwiGLU / PromptAttention / the SwiGLU PromptMatmul: the next matmul is a prompt GEMM
+  // reading this plane
   bool writes_bf16 = false;
+  // The two bf16 planes: which one a writer (or ConvertBf16) fills, which one a PromptMatmul
+  // reads. Only the SwiGLU GEMM, reading one plane while writing the other, uses plane 1.
+  uint8_t bf16_out = 0, bf16_in = 0;
 };
 
 // Which kinds of rows a step has.

@@ -18,6 +18,7 @@ struct PromptGemm {
   GgmlType type;
   int64_t n, k;        // output rows, row length
   int per_forward;
+  int64_t group_rows = 0;  // the rows of its q/k/v or gate/up group (the engine's K-split plan)
 };
 
 inline std::vector<PromptGemm> prompt_gemms(const synth::Preset& preset) {
@@ -29,6 +30,18 @@ inline std::vector<PromptGemm> prompt_gemms(const synth::Preset& preset) {
     auto it = std::find_if(out.begin(), out.end(), [&](const PromptGemm& g) { return g.matrix == matrix && g.type == t.type; });
     if (it == out.end()) it = out.insert(out.end(), PromptGemm{matrix, t.type, t.shape[1], t.shape[0], 0});
     ++it->per_forward;
+  }
+  const auto rows_of = [&](const char* matrix) {
+    const auto it = std::find_if(out.begin(), out.end(), [&](const PromptGemm& g) { return g.matrix == matrix; });
+    return it == out.end() ? int64_t(0) : it->n;
+  };
+  for (PromptGemm& g : out) {
+    if (g.matrix == "attn_q" || g.matrix == "attn_k" || g.matrix == "attn_v")
+      g.group_rows = rows_of("attn_q") + rows_of("attn_k") + rows_of("attn_v");
+    else if (g.matrix == "ffn_gate" || g.matrix == "ffn_up")
+      g.group_rows = rows_of("ffn_gate") + rows_of("ffn_up");
+    else
+      g.group_rows = g.n;
   }
   return out;
 }

@@ -8,11 +8,13 @@
 #include <random>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
 #include "model_gemms.h"
 #include "prefill_test_data.h"
@@ -89,6 +91,7 @@ struct GemmCase {
   int n_tile = 0;  // 0: automatic
   int wgmma = 0;   // 0: automatic (warpgroup MMA on sm_90), -1: mma.sync, 1: warpgroup MMA
   int64_t m_plan = 0;    // the token count the K split is planned for (the engine: 512)
+  int64_t n_plan = 0;    // the weight rows it is planned for (the engine: its q/k/v or gate/up group's)
   int64_t col_step = 1;  // check every col_step-th output column (and the last): model-size shapes
 };
 
@@ -120,6 +123,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   g.n_tile = c.n_tile;
   g.wgmma = c.wgmma;
   g.m_plan = c.m_plan;
+  g.n_plan = c.n_plan;
   if (c.expect_split) EXPECT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "m=" << c.m << " n=" << c.n << " k=" << c.k;
   DeviceBuffer<float> workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g) / 4, 1));
   g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * 4;
@@ -254,9 +258,121 @@ TEST(PrefillGemm, ModelShapesMatchFloat64Reference) {
         SCOPED_TRACE(std::string(preset) + " " + pg.matrix + " " + type_traits(pg.type).name + " m=" + std::to_string(m));
         GemmCase c{pg.type, m, pg.n, pg.k};
         c.m_plan = 512;
+        c.n_plan = pg.group_rows;
         c.col_step = 61;
         run_gemm_case(c, salt += 10);
       }
+}
+
+// The SwiGLU epilogue (gate and up rows interleaved in one weight tile, silu(gate) * up written
+// with its bf16 plane) gives the bits of the gate GEMM and the up GEMM, each in one pass, followed
+// by the swiglu kernel and the standalone conversion — for every m-tile and multiply kernel, and a
+// partial last tile of 64 output columns (n = 264).
+TEST_P(PrefillGemmTypes, SwigluEpilogueGivesTheSeparateGemmsBits) {
+  REQUIRE_DEVICE();
+  const GgmlType type = GetParam();
+  const int64_t n = 264, k = 768;
+  const std::vector<uint8_t> w_gate = test::random_weight_rows(type, n, k, test::seed() + 9400 + uint64_t(type));
+  const std::vector<uint8_t> w_up = test::random_weight_rows(type, n, k, test::seed() + 9500 + uint64_t(type));
+  DeviceBuffer<uint8_t> dgate(w_gate), dup(w_up);
+  for (const int64_t m : {9, 70, 300}) {
+    const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9401 + uint64_t(m));
+    std::vector<uint16_t> x_bf16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
+    DeviceBuffer<uint16_t> dx(x_bf16), ref_bf16(size_t(m * n)), y_bf16(size_t(m * n));
+    DeviceBuffer<float> yg(size_t(m * n)), yu(size_t(m * n)), ref(size_t(m * n)), y(size_t(m * n));
+    PrefillGemm g;
+    g.w_type = type, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m, g.ldy = n, g.k_splits = 1;
+    g.w = dgate.ptr, g.y = yg.ptr;
+    cuda::launch_prefill_gemm(g, nullptr);
+    g.w = dup.ptr, g.y = yu.ptr;
+    cuda::launch_prefill_gemm(g, nullptr);
+    cuda::launch_swiglu(yg.ptr, yu.ptr, ref.ptr, int(m), int(n), {}, 0, nullptr, ref_bf16.ptr);
+    check(cudaDeviceSynchronize(), "separate GEMMs and swiglu");
+    const std::vector<float> want = ref.download();
+    const std::vector<uint16_t> want_bf16 = ref_bf16.download();
+    g.w = dgate.ptr, g.w_up = dup.ptr, g.y = y.ptr, g.y_bf16 = y_bf16.ptr;
+    for (const int wgmma : {-1, 1}) {
+      if (wgmma == 1 && !cuda::prefill_gemm_device_has_wgmma()) continue;
+      for (const int m_tile : {64, 128, 256}) {
+        if (m_tile == 256 && wgmma == -1) continue;
+        g.wgmma = wgmma, g.m_tile = m_tile;
+        y.fill_bytes(0xFF);
+        y_bf16.fill_bytes(0xFF);
+        cuda::launch_prefill_gemm(g, nullptr);
+        check(cudaDeviceSynchronize(), "SwiGLU GEMM");
+        const std::vector<float> got = y.download();
+        const std::vector<uint16_t> got_bf16 = y_bf16.download();
+        EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0)
+            << type_traits(type).name << " m=" << m << " m_tile=" << m_tile << " wgmma=" << wgmma;
+        EXPECT_EQ(std::memcmp(got_bf16.data(), want_bf16.data(), got_bf16.size() * 2), 0)
+            << type_traits(type).name << " m=" << m << " m_tile=" << m_tile << " wgmma=" << wgmma;
+      }
+    }
+  }
+}
+
+// Stacked matrices (q, k, v of one input in one launch, each with its bias into its own output
+// rows of its own stride): every output has the bits of its matrix's own launch with the same K
+// split — forced (1, 3 slices) or planned for the stack's columns (n_plan) — for every m-tile,
+// n-tile and multiply kernel, and a last matrix of a partial n-tile (136 rows).
+TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
+  REQUIRE_DEVICE();
+  const GgmlType type = GetParam();
+  const int64_t k = 512, rows[3] = {256, 128, 136}, n_all = 520;
+  std::deque<DeviceBuffer<uint8_t>> w;
+  std::deque<DeviceBuffer<float>> bias;
+  for (int i = 0; i < 3; ++i) {
+    w.emplace_back(test::random_weight_rows(type, rows[i], k, test::seed() + 9600 + 10 * uint64_t(type) + uint64_t(i)));
+    bias.emplace_back(test::random_normal(size_t(rows[i]), 0.5f, 9610 + uint64_t(i)));
+  }
+  for (const int64_t m : {9, 300}) {
+    const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9620 + uint64_t(m));
+    std::vector<uint16_t> x_bf16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
+    DeviceBuffer<uint16_t> dx(x_bf16);
+    const int64_t ldy[3] = {rows[0] + 8, rows[1], rows[2] + 2};
+    std::deque<DeviceBuffer<float>> y, ref;
+    for (int i = 0; i < 3; ++i) y.emplace_back(size_t(m * ldy[i])), ref.emplace_back(size_t(m * ldy[i]));
+    DeviceBuffer<float> workspace(size_t(8 * m * n_all));
+    PrefillGemm one;
+    one.w_type = type, one.k = k, one.x = dx.ptr, one.ldx = k, one.m = m;
+    one.workspace = workspace.ptr, one.workspace_bytes = workspace.count * sizeof(float);
+    for (const int k_splits : {1, 3, 0}) {
+      one.k_splits = k_splits, one.n_plan = k_splits == 0 ? n_all : 0;
+      std::vector<std::vector<float>> want;
+      for (int i = 0; i < 3; ++i) {
+        PrefillGemm g = one;
+        g.w = w[size_t(i)].ptr, g.n = rows[i], g.y = ref[size_t(i)].ptr, g.ldy = ldy[i], g.bias = bias[size_t(i)].ptr;
+        ref[size_t(i)].fill_bytes(0xFF);
+        cuda::launch_prefill_gemm(g, nullptr);
+        check(cudaDeviceSynchronize(), "separate GEMM");
+        want.push_back(ref[size_t(i)].download());
+      }
+      PrefillGemm g = one;
+      g.w = w[0].ptr, g.n = rows[0], g.y = y[0].ptr, g.ldy = ldy[0], g.bias = bias[0].ptr;
+      for (int i = 1; i < 3; ++i)
+        g.stacked[size_t(i - 1)] = {w[size_t(i)].ptr, rows[i], y[size_t(i)].ptr, ldy[i], bias[size_t(i)].ptr};
+      g.n_stacked = 2;
+      for (const int wgmma : {-1, 1}) {
+        if (wgmma == 1 && !cuda::prefill_gemm_device_has_wgmma()) continue;
+        for (const int m_tile : {64, 128, 256})
+          for (const int n_tile : {0, 64}) {
+            if (m_tile == 256 && (wgmma == -1 || n_tile == 64)) continue;
+            g.wgmma = wgmma, g.m_tile = m_tile, g.n_tile = n_tile;
+            for (auto& out : y) out.fill_bytes(0xFF);
+            cuda::launch_prefill_gemm(g, nullptr);
+            check(cudaDeviceSynchronize(), "stacked GEMM");
+            for (int i = 0; i < 3; ++i) {
+              const std::vector<float> got = y[size_t(i)].download();
+              EXPECT_EQ(std::memcmp(got.data(), want[size_t(i)].data(), got.size() * sizeof(float)), 0)
+                  << type_traits(type).name << " m=" << m << " matrix " << i << " k_splits=" << k_splits
+                  << " m_tile=" << m_tile << " n_tile=" << n_tile << " wgmma=" << wgmma;
+            }
+          }
+      }
+    }
+  }
 }
 
 // Split-K: forced uneven slices (k = 512 is 8 K steps: 3 slices of 3, 3, 2; 8 slices of one step)
@@ -456,6 +572,12 @@ TEST(PrefillGemm, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // negative k_splits
   g.k_splits = 2, g.workspace = reinterpret_cast<float*>(uintptr_t(256)), g.workspace_bytes = 4092;
   EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // 2 slices x 4 x 128 floats = 4096 bytes > 4092
+  g.k_splits = 0, g.w_up = g.w, g.bias = reinterpret_cast<const float*>(uintptr_t(256));
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // the SwiGLU epilogue takes no bias
+  g.bias = nullptr, g.k_splits = 2;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // nor a K split
+  g.k_splits = 0, g.w_up = nullptr, g.y_bf16 = reinterpret_cast<uint16_t*>(uintptr_t(256));
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // y_bf16 without w_up
 }
 
 // With the K split planned for a fixed token count (m_plan), a row's bits do not depend on how

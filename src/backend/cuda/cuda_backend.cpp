@@ -75,9 +75,10 @@ struct CudaBackend::Impl {
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
   DeviceArray<uint8_t> q8;     // the q8 activation plane's buffer (q8_plane)
-  // The prompt GEMM's bf16 activation plane, rows as in the slot it mirrors (row r at r * width):
-  // written by the producer (rms_norm, swiglu, prompt attention) or a ConvertBf16 launch.
-  DeviceArray<uint16_t> bf16;
+  // The prompt GEMM's bf16 activation planes, rows as in the slot they mirror (row r at r * width):
+  // written by the producer (rms_norm, swiglu, prompt attention, the SwiGLU GEMM) or a ConvertBf16
+  // launch; two, so the SwiGLU GEMM reads one and writes the other (Launch::bf16_in / bf16_out).
+  DeviceArray<uint16_t> bf16[2];
   DeviceArray<float> attn_part, gemm_workspace;
   DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
   DeviceArray<ArgmaxCandidate> argmax_candidates;
@@ -136,13 +137,29 @@ struct CudaBackend::Impl {
   }
   RopeParams rope() const { return {weights.inv_freq(), hp.head_dim, hp.rope_type == RopeType::NeoX}; }
 
+  // The weight rows of the matmuls next to `node` reading its input (q/k/v, gate/up): each GEMM's
+  // K split is planned for their total (PrefillGemm::n_plan), stacked in one launch or not.
+  int64_t group_rows(size_t node) const {
+    const auto reads_same_input = [&](size_t j) {
+      return graph.nodes[j].op == Op::MatMul && graph.nodes[j].in[0] == graph.nodes[node].in[0];
+    };
+    size_t first = node, last = node;
+    while (first > 0 && reads_same_input(first - 1)) --first;
+    while (last + 1 < graph.nodes.size() && reads_same_input(last + 1)) ++last;
+    int64_t rows = 0;
+    for (size_t j = first; j <= last; ++j) rows += graph.nodes[j].weight->rows();
+    return rows;
+  }
+
+  // The most split-K workspace a prompt GEMM takes: a whole group stacked in one launch at most.
   int64_t gemm_workspace_needed(int tokens) const {
     size_t most = 0;
-    for (const Node& n : graph.nodes) {
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      const Node& n = graph.nodes[i];
       if (n.op != Op::MatMul || !prefill_gemm_supports(n.weight->type)) continue;
       PrefillGemm g;
       g.w_type = n.weight->type;
-      g.n = n.weight->rows();
+      g.n = group_rows(i);
       g.k = n.weight->shape[0];
       g.m = tokens;
       g.m_plan = fusions.batch_invariant ? kGemmPlanTokens : 0;
@@ -159,7 +176,7 @@ struct CudaBackend::Impl {
       max_width = std::max(max_width, width(s));
     }
     floats += attention_workspace_floats(tokens, hp.n_head, hp.head_dim, splits_for_decode());
-    return floats * 4 + q8_plane_bytes(tokens, int(max_width)) + int64_t(tokens) * max_width * 2 +
+    return floats * 4 + q8_plane_bytes(tokens, int(max_width)) + 2 * (int64_t(tokens) * max_width * 2) +
            gemm_workspace_needed(tokens) + int64_t(tokens) * 64;
   }
 
@@ -185,7 +202,7 @@ struct CudaBackend::Impl {
       max_width = std::max(max_width, width(s));
     }
     q8 = DeviceArray<uint8_t>(size_t(q8_plane_bytes(max_tokens, int(max_width))));
-    bf16 = DeviceArray<uint16_t>(size_t(max_tokens) * size_t(max_width));
+    for (DeviceArray<uint16_t>& plane : bf16) plane = DeviceArray<uint16_t>(size_t(max_tokens) * size_t(max_width));
     decode_splits = splits_for_decode();
     attn_part = DeviceArray<float>(size_t(attention_workspace_floats(max_tokens, hp.n_head, hp.head_dim, decode_splits)));
     gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
@@ -444,14 +461,14 @@ struct CudaBackend::Impl {
       case LaunchKind::RmsNorm:
         launch_rms_norm(slot(l.in), int(w_in), weights.vec(node.weight), slot(l.out), int(w_out), count, int(w_out),
                         node.group, hp.rms_eps, plane(w_out), l.writes_q8 ? geo.decode : 0, s,
-                        l.writes_bf16 ? bf16.get() : nullptr);
+                        l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr);
         return;
       case LaunchKind::Quantize:
         launch_quantize_q8(slot(l.in), int(w_in), plane(w_in), count, int(w_in), s);
         return;
       case LaunchKind::ConvertBf16:
-        launch_prefill_activation_bf16(slot(l.in) + row0 * w_in, bf16.get() + row0 * w_in, int64_t(count) * w_in,
-                                       s.stream);
+        launch_prefill_activation_bf16(slot(l.in) + row0 * w_in, bf16[l.bf16_out].get() + row0 * w_in,
+                                       int64_t(count) * w_in, s.stream);
         return;
       case LaunchKind::DecodeMatmul:
         decode_matmul(l, geo, count, s);
@@ -478,7 +495,7 @@ struct CudaBackend::Impl {
           pa.v_cache = kv_layer(node.layer).v;
           pa.ld_kv = kv_width();
           pa.out = slot(l.out);
-          pa.out_bf16 = l.writes_bf16 ? bf16.get() : nullptr;
+          pa.out_bf16 = l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr;
           pa.ldo = w_out;
           pa.chunks = d_prefill_chunks();
           pa.tiles = d_prefill_tiles();
@@ -493,13 +510,13 @@ struct CudaBackend::Impl {
         } else {  // other head sizes: the split-K kernel, one query row at a time
           decode_attention(l, node, row0, count, s);
           if (l.writes_bf16)
-            launch_prefill_activation_bf16(slot(l.out) + row0 * w_out, bf16.get() + row0 * w_out,
+            launch_prefill_activation_bf16(slot(l.out) + row0 * w_out, bf16[l.bf16_out].get() + row0 * w_out,
                                            int64_t(count) * w_out, s.stream);
         }
         return;
       case LaunchKind::SwiGLU:
         launch_swiglu(slot(l.in), slot(l.in2), slot(l.out), count, int(w_out), plane(w_out),
-                      l.writes_q8 ? geo.decode : 0, s, l.writes_bf16 ? bf16.get() : nullptr);
+                      l.writes_q8 ? geo.decode : 0, s, l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr);
         return;
       case LaunchKind::Add:
         launch_add(slot(l.in), slot(l.in2), slot(l.out), int64_t(count) * w_out, s);
@@ -557,47 +574,120 @@ struct CudaBackend::Impl {
   }
 
   void prompt_matmul(const Launch& l, const Geometry& geo, int row0, int count, const Fusions& f, const KernelStream& s) {
-    const Node& n = graph.nodes[size_t(l.seg_node[0])];
+    if (l.swiglu) {
+      prompt_swiglu(l, row0, count, f, s);
+    } else if (l.n_segs > 1) {
+      prompt_stacked(l, row0, count, f, s);
+    } else {
+      prompt_gemm(l.seg_node[0], l.in, l.out, l.residual, l.bf16_in, row0, count, f, s);
+    }
+    (void)geo;
+  }
+
+  // The arguments of the prompt GEMM of matrix node `node` over prompt rows [row0, row0 + count)
+  // of slot `in` (its bf16 plane `plane_in`) into slot `out`.
+  PrefillGemm gemm_args(int node, int in, int out, int plane_in, int row0, int count, const Fusions& f) {
+    const Node& n = graph.nodes[size_t(node)];
     const DevMat& m = weights.mat(n.weight);
-    const int64_t w_in = width(l.in), w_out = width(l.out);
-    const float* x = slot(l.in) + row0 * w_in;  // its bf16 plane: bf16 + row0 * w_in (written before)
-    float* y = slot(l.out) + row0 * w_out;
-    const float* residual = l.residual >= 0 ? slot(l.residual) + row0 * w_out : nullptr;
-    if (prefill_gemm_supports(m.type) && m.rows % 2 == 0 && w_out % 2 == 0 && w_in % 8 == 0 &&
-        m.cols % (type_traits(m.type).block_size == 256 ? 256 : 64) == 0) {
-      PrefillGemm g;
-      g.w_type = m.type;
-      g.w = m.data;
-      g.n = m.rows;
-      g.k = m.cols;
-      g.x = bf16.get() + row0 * w_in;
-      g.ldx = w_in;
-      g.m = count;
-      g.y = y;
-      g.ldy = w_out;
-      g.bias = weights.vec(n.bias);
+    const int64_t w_in = width(in), w_out = width(out);
+    PrefillGemm g;
+    g.w_type = m.type;
+    g.w = m.data;
+    g.n = m.rows;
+    g.k = m.cols;
+    g.x = bf16[plane_in].get() + row0 * w_in;
+    g.ldx = w_in;
+    g.m = count;
+    g.y = slot(out) + row0 * w_out;
+    g.ldy = w_out;
+    g.bias = weights.vec(n.bias);
+    g.m_plan = f.batch_invariant ? kGemmPlanTokens : 0;
+    g.n_plan = group_rows(size_t(node));
+    g.sm_count = ctx.sm_count;
+    g.workspace = gemm_workspace.get();
+    g.workspace_bytes = gemm_workspace.bytes();
+    return g;
+  }
+  bool gemm_takes(const DevMat& m, int in, int out) const {
+    return prefill_gemm_supports(m.type) && m.rows % 2 == 0 && width(out) % 2 == 0 && width(in) % 8 == 0 &&
+           m.cols % (type_traits(m.type).block_size == 256 ? 256 : 64) == 0;
+  }
+
+  void prompt_gemm(int node, int in, int out, int residual_slot, int plane_in, int row0, int count, const Fusions& f,
+                   const KernelStream& s) {
+    const Node& n = graph.nodes[size_t(node)];
+    const DevMat& m = weights.mat(n.weight);
+    const int64_t w_in = width(in), w_out = width(out);
+    const float* residual = residual_slot >= 0 ? slot(residual_slot) + row0 * w_out : nullptr;
+    if (gemm_takes(m, in, out)) {
+      PrefillGemm g = gemm_args(node, in, out, plane_in, row0, count, f);
       g.residual = residual;
-      g.m_plan = f.batch_invariant ? kGemmPlanTokens : 0;
-      g.sm_count = ctx.sm_count;
-      g.workspace = gemm_workspace.get();
-      g.workspace_bytes = gemm_workspace.bytes();
       launch_prefill_gemm(g, s.stream);
       return;
     }
     // Weight types without a GEMM: the decode matmul over the prompt rows (their own plane rows).
+    const float* x = slot(in) + row0 * w_in;
     const Q8Plane rows = plane(w_in).from_token(row0);
     if (type_traits(m.type).quantized) launch_quantize_q8(x, int(w_in), rows, count, int(w_in), s);
     MatSeg seg;
     seg.w = m;
     seg.bias = weights.vec(n.bias);
     seg.residual = residual;
-    seg.out = y;
+    seg.out = slot(out) + row0 * w_out;
     seg.ld_out = int(w_out);
     MatVecExtra extra;
     extra.positions = d_positions() + row0;
     extra.slots = d_slots() + row0;
     launch_matvec(&seg, 1, rows, x, int(w_in), count, extra, s);
-    (void)geo;
+  }
+
+  // q, k and v over the prompt rows: runs of matrices of one type and width stacked in one GEMM
+  // (each matrix but a run's last a multiple of 128 rows); the others alone.
+  void prompt_stacked(const Launch& l, int row0, int count, const Fusions& f, const KernelStream& s) {
+    for (int first = 0; first < l.n_segs;) {
+      const Node& head = graph.nodes[size_t(l.seg_node[size_t(first)])];
+      const DevMat& hm = weights.mat(head.weight);
+      int next = first + 1;
+      if (gemm_takes(hm, l.in, head.out)) {
+        PrefillGemm g = gemm_args(l.seg_node[size_t(first)], l.in, head.out, l.bf16_in, row0, count, f);
+        for (int64_t rows = hm.rows; next < l.n_segs && g.n_stacked < int(g.stacked.size()); ++next) {
+          const Node& n = graph.nodes[size_t(l.seg_node[size_t(next)])];
+          const DevMat& m = weights.mat(n.weight);
+          if (rows % 128 != 0 || !gemm_takes(m, l.in, n.out) || m.type != hm.type || m.cols != hm.cols) break;
+          g.stacked[size_t(g.n_stacked++)] = {m.data, m.rows, slot(n.out) + row0 * width(n.out), width(n.out),
+                                               weights.vec(n.bias)};
+          rows = m.rows;
+        }
+        launch_prefill_gemm(g, s.stream);
+      } else {
+        prompt_gemm(l.seg_node[size_t(first)], l.in, head.out, -1, l.bf16_in, row0, count, f, s);
+      }
+      first = next;
+    }
+  }
+
+  // Gate, up and silu(gate) * up over the prompt rows: one GEMM where both matrices have the GEMM's
+  // type and shape and their own GEMMs would run in one pass (then the fused result has their
+  // bits); otherwise the two GEMMs into their slots and the swiglu kernel.
+  void prompt_swiglu(const Launch& l, int row0, int count, const Fusions& f, const KernelStream& s) {
+    const Node &gate = graph.nodes[size_t(l.seg_node[0])], &up = graph.nodes[size_t(l.seg_node[1])];
+    const DevMat &mg = weights.mat(gate.weight), &mu = weights.mat(up.weight);
+    const int64_t w_out = width(l.out);
+    uint16_t* out_bf16 = l.writes_bf16 ? bf16[l.bf16_out].get() + row0 * w_out : nullptr;
+    PrefillGemm g = gemm_args(l.seg_node[0], l.in, l.out, l.bf16_in, row0, count, f);
+    bool fused = gemm_takes(mg, l.in, l.out) && mu.type == mg.type && mu.rows == mg.rows && mu.cols == mg.cols &&
+                 !g.bias && !weights.vec(up.bias);
+    if (fused) fused = prefill_gemm_plan(g).k_splits == 1;
+    if (fused) {
+      g.w_up = mu.data;
+      g.y_bf16 = out_bf16;
+      launch_prefill_gemm(g, s.stream);
+      return;
+    }
+    prompt_gemm(l.seg_node[0], l.in, gate.out, -1, l.bf16_in, row0, count, f, s);
+    prompt_gemm(l.seg_node[1], l.in, up.out, -1, l.bf16_in, row0, count, f, s);
+    launch_swiglu(slot(gate.out) + row0 * w_out, slot(up.out) + row0 * w_out, slot(l.out) + row0 * w_out, count,
+                  int(w_out), Q8Plane{}, 0, s, out_bf16);
   }
 };
 

@@ -11,6 +11,7 @@
 // launch_prefill_activation_bf16, so fused and standalone planes are bitwise equal; the standalone
 // conversion runs where no producer could (MINFER_NO_PROMPT_A_FUSE=1, docs/07).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -35,6 +36,9 @@ __device__ __forceinline__ uint16_t prefill_activation_bf16(float v) {
 __device__ __forceinline__ uint32_t prefill_activation_bf16x2(float lo, float hi) {
   return uint32_t(prefill_activation_bf16(lo)) | (uint32_t(prefill_activation_bf16(hi)) << 16);
 }
+// silu(g) * u: the swiglu kernel's element and the prompt GEMM's swiglu epilogue (one body, so the
+// fused GEMM gives the separate GEMMs' and swiglu's bits).
+__device__ __forceinline__ float silu_mul(float g, float u) { return (g / (1.0f + expf(-g))) * u; }
 #endif
 
 // dst[i] = prefill_activation_bf16(src[i]) for i < n (the standalone conversion).
@@ -59,6 +63,24 @@ struct PrefillGemm {
   int64_t ldy = 0;
   const float* bias = nullptr;      // [n] or null
   const float* residual = nullptr;  // [m][ldy] added to the product, or null; may equal y
+  // SwiGLU: with w_up (the up matrix, w's type and shape), y = silu(X . W^T) * (X . W_up^T), both
+  // products of one CTA (no bias, residual or K split; 128-row n-tiles), and the same bits as the
+  // two GEMMs followed by the swiglu kernel.
+  const void* w_up = nullptr;
+  uint16_t* y_bf16 = nullptr;  // SwiGLU: also y as a bf16 plane [m][ldy] (prefill_activation_bf16), or null
+  // Stacked matrices (q, k and v of one input): up to two more of w's type and k, multiplied in
+  // the same launch as if their rows followed w's, each into its own output (row stride, bias).
+  // Every matrix but the last has n % 128 == 0 (no n-tile straddles two); no residual or SwiGLU.
+  // Each output has the bits of its own launch planned for the same columns (n_plan).
+  struct Stacked {
+    const void* w = nullptr;
+    int64_t n = 0;
+    float* y = nullptr;
+    int64_t ldy = 0;
+    const float* bias = nullptr;
+  };
+  std::array<Stacked, 2> stacked{};
+  int n_stacked = 0;
   // 0: chosen from the grid size (256 with warpgroup MMA where 256-token tiles still fill the
   // card, unless MINFER_NO_WIDE_GEMM_TILES is set to anything but "0"); 64, 128 or 256 force one
   // (tests, bench; 256 needs warpgroup MMA and 128-row n-tiles).
@@ -80,6 +102,10 @@ struct PrefillGemm {
   // summation order, so the engine plans every GEMM of a weight for one fixed count: then a
   // token's result does not depend on how many tokens share the launch.
   int64_t m_plan = 0;
+  // The weight rows the automatic K split plans for (0: n plus the stacked matrices'). The engine
+  // plans every matrix of a q/k/v or gate/up group for the group's total, so a matrix's sums are
+  // the same in its own launch as stacked with the others (the fusions' opt-outs keep the bits).
+  int64_t n_plan = 0;
   int sm_count = 0;  // of the device the GEMM runs on (0: asked from the current device)
   // Split-K partials, k_splits * m * n floats (prefill_gemm_workspace_bytes); needed when the
   // plan splits K.

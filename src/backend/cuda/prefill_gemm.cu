@@ -52,19 +52,44 @@ struct GemmShape {
   static constexpr int kWarpGroupRows = kBM / kWarpGroups;  // wgmma: tokens a warpgroup multiplies
 };
 
-struct GemmParams {
+// One of a launch's stacked matrices (PrefillGemm::stacked): its weight rows, output and bias;
+// its columns end at n_end of the launch's columns.
+struct GemmSegment {
   const uint8_t* w;
-  int64_t w_row_bytes;
-  int n, k, m;
-  const uint16_t* x;
-  int64_t ldx;
   float* y;
   int64_t ldy;
   const float* bias;
-  const float* residual;
+  int n_end;
+};
+
+struct GemmParams {
+  GemmSegment seg[3];
+  int n_segs;
+  int64_t w_row_bytes;
+  int n, k, m;  // n: every segment's columns
+  const uint16_t* x;
+  int64_t ldx;
+  const float* residual;  // one segment only
   int slice_steps;  // K steps per blockIdx.z slice (k / kBK without split-K)
   float* partial;   // split-K: [gridDim.z][m][n] raw accumulators, bias/residual left to the reduce
+  const uint8_t* w_up;  // SwiGLU (PrefillGemm::w_up; one segment), or null
+  uint16_t* y_bf16;     // SwiGLU: y's bf16 plane, or null
 };
+
+// The segment holding launch column `col`, and its first column. Selects rather than indexes, so
+// the parameters stay in the constant bank.
+__device__ __forceinline__ GemmSegment segment_at(const GemmParams& p, int col, int& first_col) {
+  if (p.n_segs > 2 && col >= p.seg[1].n_end) {
+    first_col = p.seg[1].n_end;
+    return p.seg[2];
+  }
+  if (p.n_segs > 1 && col >= p.seg[0].n_end) {
+    first_col = p.seg[0].n_end;
+    return p.seg[1];
+  }
+  first_col = 0;
+  return p.seg[0];
+}
 
 // ---- weight decoding: 64 consecutive K elements of one row -> 8 chunks of 8 bf16 ----------------
 
@@ -387,7 +412,17 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int warp_m = warp >> 1, warp_n = warp & 1;       // mma.sync
   const int warp_group = warp >> 2, warp_in_group = warp & 3;  // wgmma
-  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * kBN;
+  // SwiGLU (PrefillGemm::w_up; 128-row n-tiles, single pass): the weight tile's 32-row groups
+  // alternate gate and up rows of the CTA's 64 output columns (tile rows 0-31 gate n0.., 32-63 up
+  // n0.., 64-95 gate n0+32.., 96-127 up n0+32..), so each thread holds the gate and the up
+  // accumulators of its columns (n8 blocks j and j + 4 in both multiply layouts) for the epilogue.
+  constexpr bool kCanSwiGLU = kBN == 128 && !kSplitK;
+  const bool swiglu = kCanSwiGLU && p.w_up != nullptr;
+  const int m0 = blockIdx.x * kBM, n0 = blockIdx.y * (swiglu ? kBN / 2 : kBN);
+  // The stacked matrix this CTA's columns belong to (REQUIRES: every segment but the last a
+  // multiple of 128 columns, so no n-tile straddles two).
+  int seg_n0;
+  const GemmSegment seg = segment_at(p, n0, seg_n0);
   // This CTA's K range, in kBK steps.
   const int first_step = kSplitK ? int(blockIdx.z) * p.slice_steps : 0;
   const int steps = kSplitK ? min(p.slice_steps, p.k / kBK - first_step) : p.k / kBK;
@@ -408,7 +443,9 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
   // bytes). Rows past n decode the last row (valid memory); their columns are never stored.
   constexpr int kParts = Shape::kParts;
   const int w_tile_row = tid / kParts, w_part = tid % kParts;
-  const uint8_t* w_row = p.w + int64_t(min(n0 + w_tile_row, p.n - 1)) * p.w_row_bytes;
+  const int w_matrix_row = (swiglu ? n0 + (w_tile_row / 64) * 32 + w_tile_row % 32 : n0 + w_tile_row) - seg_n0;
+  const uint8_t* w_matrix = swiglu && (w_tile_row / 32) % 2 ? p.w_up : seg.w;
+  const uint8_t* w_row = w_matrix + int64_t(min(w_matrix_row, seg.n_end - seg_n0 - 1)) * p.w_row_bytes;
   WeightChunk<T, kParts> weights;
   auto store_b = [&](int buffer) {
     uint8_t* dst = b_smem_ptr + buffer * Shape::kBBufferBytes;
@@ -504,9 +541,34 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
     return kWgmma ? m0 + warp_group * Shape::kWarpGroupRows + i * 64 + warp_in_group * 16 + (lane >> 2)
                   : m0 + warp_m * Shape::kWarpM + i * 16 + (lane >> 2);
   };
-  const auto col_of = [&](int j) {
-    return kWgmma ? n0 + j * 8 + 2 * (lane & 3) : n0 + warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
+  const auto tile_col_of = [&](int j) {
+    return kWgmma ? j * 8 + 2 * (lane & 3) : warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
   };
+  const auto col_of = [&](int j) { return n0 + tile_col_of(j); };
+  if constexpr (kCanSwiGLU) {
+    if (swiglu) {
+#pragma unroll
+      for (int i = 0; i < kAccM; ++i)
+#pragma unroll
+        for (int j = 0; j < kAccN; ++j) {
+          if (j % 8 >= 4) continue;  // an up block: its gate block j - 4 writes the pair
+          const int tile_col = tile_col_of(j);
+          const int col = n0 + (tile_col / 64) * 32 + tile_col % 32;
+          if (col >= p.n) continue;  // n is even, so col + 1 < n too
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = row_of(i) + 8 * h;
+            if (row >= p.m) continue;
+            const float2 v = make_float2(silu_mul(acc[i][j][2 * h], acc[i][j + 4][2 * h]),
+                                         silu_mul(acc[i][j][2 * h + 1], acc[i][j + 4][2 * h + 1]));
+            *reinterpret_cast<float2*>(seg.y + int64_t(row) * seg.ldy + col) = v;
+            if (p.y_bf16)
+              *reinterpret_cast<uint32_t*>(p.y_bf16 + int64_t(row) * seg.ldy + col) = prefill_activation_bf16x2(v.x, v.y);
+          }
+        }
+      return;
+    }
+  }
   if constexpr (kSplitK) {
     float* plane = p.partial + int64_t(blockIdx.z) * p.m * p.n;
 #pragma unroll
@@ -528,20 +590,20 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
     for (int i = 0; i < kAccM; ++i) {
 #pragma unroll
       for (int j = 0; j < kAccN; ++j) {
-        const int col = col_of(j);
-        if (col >= p.n) continue;  // n is even, so col + 1 < n too
+        const int col = col_of(j) - seg_n0;  // of the segment
+        if (col_of(j) >= p.n) continue;      // n is even, so col + 1 < n too
         float2 bias = make_float2(0.0f, 0.0f);
-        if (p.bias) bias = *reinterpret_cast<const float2*>(p.bias + col);
+        if (seg.bias) bias = *reinterpret_cast<const float2*>(seg.bias + col);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int row = row_of(i) + 8 * h;
           if (row >= p.m) continue;
           float2 v = make_float2(acc[i][j][2 * h] + bias.x, acc[i][j][2 * h + 1] + bias.y);
           if (p.residual) {
-            const float2 r = *reinterpret_cast<const float2*>(p.residual + int64_t(row) * p.ldy + col);
+            const float2 r = *reinterpret_cast<const float2*>(p.residual + int64_t(row) * seg.ldy + col);
             v.x += r.x, v.y += r.y;
           }
-          *reinterpret_cast<float2*>(p.y + int64_t(row) * p.ldy + col) = v;
+          *reinterpret_cast<float2*>(seg.y + int64_t(row) * seg.ldy + col) = v;
         }
       }
     }
@@ -550,15 +612,18 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
 
 // y[r][c] = sum over slices s in order 0.. of partial[s][r][c] (+ bias[c]) (+ residual[r][c]):
 // the same operation order as the single-pass epilogue, and fixed, so results are deterministic.
-__global__ void splitk_reduce_kernel(const float* __restrict__ partial, int splits, int m, int n,
-                                     const float* __restrict__ bias, const float* residual, float* y,
-                                     int64_t ldy) {
-  const int half_n = n / 2;
+__global__ void splitk_reduce_kernel(const GemmParams p, int splits) {
+  const int half_n = p.n / 2;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(m) * half_n) return;
-  const int row = int(i / half_n), col = 2 * int(i % half_n);
-  const int64_t plane = int64_t(m) * n;
-  const float* src = partial + int64_t(row) * n + col;
+  if (i >= int64_t(p.m) * half_n) return;
+  const int row = int(i / half_n), launch_col = 2 * int(i % half_n);
+  int first_col;
+  const GemmSegment seg = segment_at(p, launch_col, first_col);
+  const int col = launch_col - first_col;
+  const float *bias = seg.bias, *residual = p.residual;
+  float* y = seg.y;
+  const int64_t ldy = seg.ldy, plane = int64_t(p.m) * p.n;
+  const float* src = p.partial + int64_t(row) * p.n + launch_col;
   float2 v = *reinterpret_cast<const float2*>(src);
   for (int s = 1; s < splits; ++s) {
     const float2 part = *reinterpret_cast<const float2*>(src + s * plane);
@@ -580,7 +645,8 @@ void launch_typed(const GemmParams& p, int splits, cudaStream_t stream) {
       prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr_status != cudaSuccess)
     fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
-  const dim3 grid((p.m + kBM - 1) / kBM, (p.n + kBN - 1) / kBN, splits);
+  const int n_per_cta = p.w_up ? kBN / 2 : kBN;  // SwiGLU: a gate and an up row per output column
+  const dim3 grid((p.m + kBM - 1) / kBM, (p.n + n_per_cta - 1) / n_per_cta, splits);
   prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma><<<grid, GemmShape<kBM, kBN>::kThreads, smem, stream>>>(p);
 }
 
@@ -682,6 +748,12 @@ bool wide_tiles_fill(const PrefillGemm& g, const PrefillGemmPlan& plan, int sm_c
   return 4 * covered_sms(256) >= 3 * covered_sms(128);
 }
 
+int64_t launch_columns(const PrefillGemm& g) {
+  int64_t n = g.n;
+  for (int i = 0; i < g.n_stacked; ++i) n += g.stacked[size_t(i)].n;
+  return n;
+}
+
 bool is_k_type(GgmlType t) {
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K;
 }
@@ -712,10 +784,21 @@ bool prefill_gemm_supports(GgmlType t) {
 }
 
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
+  if (g.w_up) {  // SwiGLU: the grid of one GEMM over both matrices' rows, 128-row tiles, one pass
+    PrefillGemm both = g;
+    both.w_up = nullptr, both.n = 2 * g.n, both.n_tile = 128, both.k_splits = 1;
+    return prefill_gemm_plan(both);
+  }
+  if (g.n_stacked > 0) {  // the grid of one GEMM over every stacked matrix's rows
+    PrefillGemm all = g;
+    all.n = launch_columns(g), all.n_stacked = 0;
+    return prefill_gemm_plan(all);
+  }
   const int sm_count = multiprocessor_count(g);
   const int steps = std::max(1, int(g.k / kBK));
-  const int64_t m = g.m_plan > 0 ? g.m_plan : g.m;
-  const int64_t tiles128 = ((m + 127) / 128) * ((g.n + 127) / 128);
+  // The K split (it sets the sums) from the planned shape; the tiles from the launch's.
+  const int64_t m = g.m_plan > 0 ? g.m_plan : g.m, n = g.n_plan > 0 ? g.n_plan : g.n;
+  const int64_t tiles128 = ((m + 127) / 128) * ((n + 127) / 128);
   // Without split-K, 128-row m-tiles halve the weight dequantization per FLOP, and 64-row tiles
   // double the CTA count when 128 would leave the SMs (two CTAs each) less than two waves of work.
   const bool enough_tiles = tiles128 >= 4 * int64_t(sm_count);
@@ -728,7 +811,7 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   } else {
     // Small grid: split-K restores the CTA count, so the tiles can stay at 128 rows (half the
     // dequantization per FLOP; the cost model counts waves of two per SM) unless m fits in 64.
-    plan.k_splits = g.k_splits ? g.k_splits : choose_splits(m, g.n, steps, tiles128, sm_count, workspace_bytes);
+    plan.k_splits = g.k_splits ? g.k_splits : choose_splits(m, n, steps, tiles128, sm_count, workspace_bytes);
     // Equal slices of whole steps, none empty.
     const int slice = (steps + std::min(plan.k_splits, steps) - 1) / std::min(plan.k_splits, steps);
     plan.k_splits = (steps + slice - 1) / slice;
@@ -768,17 +851,55 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.workspace && reinterpret_cast<uintptr_t>(g.workspace) % 8)
     fail("prefill GEMM: split-K workspace must be 8-byte aligned");
 
+  if (g.w_up) {
+    if (g.bias || g.residual) fail("prefill GEMM: the SwiGLU epilogue takes no bias or residual");
+    if ((g.n_tile != 0 && g.n_tile != 128) || g.k_splits > 1)
+      fail("prefill GEMM: the SwiGLU epilogue runs 128-row n-tiles in one pass (n_tile ", g.n_tile, ", k_splits ",
+           g.k_splits, ")");
+    if (reinterpret_cast<uintptr_t>(g.w_up) % 16 || reinterpret_cast<uintptr_t>(g.y_bf16) % 4)
+      fail("prefill GEMM: misaligned pointer (w_up needs 16 bytes, y_bf16 4)");
+  } else if (g.y_bf16) {
+    fail("prefill GEMM: y_bf16 is the SwiGLU epilogue's (set w_up)");
+  }
+  if (g.n_stacked < 0 || g.n_stacked > int(g.stacked.size()))
+    fail("prefill GEMM: ", g.n_stacked, " stacked matrices (at most ", g.stacked.size(), ")");
+  if (g.n_stacked > 0 && (g.w_up || g.residual))
+    fail("prefill GEMM: stacked matrices take no SwiGLU or residual");
+  for (int i = 0; i < g.n_stacked; ++i) {
+    const PrefillGemm::Stacked& st = g.stacked[size_t(i)];
+    const int64_t n_before = i == 0 ? g.n : g.stacked[size_t(i - 1)].n;
+    if (n_before % 128 != 0)
+      fail("prefill GEMM: a matrix with ", n_before, " rows (not a multiple of 128) is followed by a stacked one");
+    if (st.n <= 0 || st.n % 2 != 0 || st.ldy < st.n || st.ldy % 2 != 0)
+      fail("prefill GEMM: stacked matrix ", i, ": n = ", st.n, " must be even and positive, ldy = ", st.ldy,
+           " >= n and even");
+    if (!st.w || !st.y) fail("prefill GEMM: stacked matrix ", i, ": null weight or output pointer");
+    if (reinterpret_cast<uintptr_t>(st.w) % 16 || reinterpret_cast<uintptr_t>(st.y) % 8 ||
+        reinterpret_cast<uintptr_t>(st.bias) % 8)
+      fail("prefill GEMM: stacked matrix ", i, ": misaligned pointer (w needs 16 bytes; y, bias 8)");
+  }
+  const int64_t n_all = launch_columns(g);
+  if (n_all > INT32_MAX) fail("prefill GEMM: ", n_all, " columns exceed 32-bit indexing");
   const PrefillGemmPlan plan = prefill_gemm_plan(g);
   if (plan.m_tile == 256 && (!plan.wgmma || plan.n_tile != 128))
     fail("prefill GEMM: 256-token tiles need warpgroup MMA and 128-row n-tiles (n_tile ", plan.n_tile, ")");
   const int steps = int(g.k / kBK);
-  GemmParams p{static_cast<const uint8_t*>(g.w), int64_t(row_bytes(g.w_type, g.k)),
-               int(g.n), int(g.k), int(g.m), g.x, g.ldx, g.y, g.ldy, g.bias, g.residual,
-               (steps + plan.k_splits - 1) / plan.k_splits, nullptr};
+  GemmParams p{};
+  p.seg[0] = {static_cast<const uint8_t*>(g.w), g.y, g.ldy, g.bias, int(g.n)};
+  for (int i = 0; i < g.n_stacked; ++i) {
+    const PrefillGemm::Stacked& st = g.stacked[size_t(i)];
+    p.seg[i + 1] = {static_cast<const uint8_t*>(st.w), st.y, st.ldy, st.bias, p.seg[i].n_end + int(st.n)};
+  }
+  p.n_segs = 1 + g.n_stacked;
+  p.w_row_bytes = int64_t(row_bytes(g.w_type, g.k));
+  p.n = int(n_all), p.k = int(g.k), p.m = int(g.m);
+  p.x = g.x, p.ldx = g.ldx, p.residual = g.residual;
+  p.slice_steps = (steps + plan.k_splits - 1) / plan.k_splits;
+  p.w_up = static_cast<const uint8_t*>(g.w_up), p.y_bf16 = g.y_bf16;
   if (plan.k_splits > 1) {
-    const size_t need = size_t(plan.k_splits) * size_t(g.m) * size_t(g.n) * sizeof(float);
+    const size_t need = size_t(plan.k_splits) * size_t(g.m) * size_t(n_all) * sizeof(float);
     if (!g.workspace || need > g.workspace_bytes)
-      fail("prefill GEMM: ", plan.k_splits, " K slices of ", g.m, " x ", g.n, " need ", need,
+      fail("prefill GEMM: ", plan.k_splits, " K slices of ", g.m, " x ", n_all, " need ", need,
            " bytes of split-K workspace, more than the ", g.workspace ? g.workspace_bytes : 0, " given");
     p.partial = g.workspace;
   }
@@ -794,9 +915,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   }
   if (plan.k_splits > 1) {
     constexpr int kBlock = 256;
-    const int64_t pairs = g.m * (g.n / 2);
-    splitk_reduce_kernel<<<unsigned((pairs + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-        p.partial, plan.k_splits, p.m, p.n, g.bias, g.residual, g.y, g.ldy);
+    const int64_t pairs = g.m * (n_all / 2);
+    splitk_reduce_kernel<<<unsigned((pairs + kBlock - 1) / kBlock), kBlock, 0, stream>>>(p, plan.k_splits);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail("CUDA kernel prefill GEMM (", type_name, "): ", cudaGetErrorString(e));
@@ -804,7 +924,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
 
 size_t prefill_gemm_workspace_bytes(const PrefillGemm& g) {
   const PrefillGemmPlan plan = prefill_gemm_plan(g);
-  return plan.k_splits > 1 ? size_t(plan.k_splits) * size_t(g.m) * size_t(g.n) * sizeof(float) : 0;
+  return plan.k_splits > 1 ? size_t(plan.k_splits) * size_t(g.m) * size_t(launch_columns(g)) * sizeof(float) : 0;
 }
 
 void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {

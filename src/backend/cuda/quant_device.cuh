@@ -95,8 +95,6 @@ __device__ __forceinline__ void rope_rotate(float& x0, float& x1, int pos, float
   x1 = y1;
 }
 
-__device__ __forceinline__ float silu_mul(float g, float u) { return (g / (1.0f + expf(-g))) * u; }
-
 // ---- the canonical order's terms ----------------------------------------------------------------
 // One term per 256-column group of a weight row against one q8 plane row
 // (quant/canonical_dot.h states the order on the CPU). Every float operation rounds explicitly
