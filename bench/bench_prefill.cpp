@@ -264,17 +264,17 @@ int register_all() {
   {
     const auto q = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "attn_q"; });
     const auto kk = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "attn_k"; });
-    const int64_t group = q->n + 2 * kk->n, k = q->k;
+    const int64_t q_rows = q->n, kv_rows = kk->n, group = q_rows + 2 * kv_rows, k = q->k;
     for (int64_t m : {70, 512, 4096}) {
       const std::string tail = "/M" + std::to_string(m);
       add("gemm/7B/attn_qkv_stacked/q4_K" + tail, [=](benchmark::State& s) {
-        bench_stacked(s, GgmlType::Q4_K, {q->n, kk->n, kk->n}, group, k, m);
+        bench_stacked(s, GgmlType::Q4_K, {q_rows, kv_rows, kv_rows}, group, k, m);
       });
       add("gemm/7B/attn_qk_stacked/q4_K" + tail, [=](benchmark::State& s) {
-        bench_stacked(s, GgmlType::Q4_K, {q->n, kk->n}, group, k, m);
+        bench_stacked(s, GgmlType::Q4_K, {q_rows, kv_rows}, group, k, m);
       });
       add("gemm/7B/attn_v/q6_K" + tail + "/planqkv", [=](benchmark::State& s) {
-        bench_stacked(s, GgmlType::Q6_K, {kk->n}, group, k, m);
+        bench_stacked(s, GgmlType::Q6_K, {kv_rows}, group, k, m);
       });
     }
   }

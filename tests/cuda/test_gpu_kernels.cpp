@@ -120,27 +120,36 @@ bool same_pad40(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
 
 // The producer epilogues (q8 plane for the decode matmul, bf16 plane for the prompt GEMM) write
 // the bits of the standalone quantize and conversion of the f32 output, which is itself unchanged.
+// Three rows read from a padded stride; widths of a partial warp (896), the 7B and 14B rows, and
+// one past the default shared memory of the row kernel's staging (11264).
 TEST(GpuKernels, RmsNormFusedQuantizeEqualsStandalone) {
   MINFER_REQUIRE_GPU();
-  for (int width : {896, 3584, 5120}) {
-    const auto x = random_normal(static_cast<size_t>(width), 2.0f, 2 + uint64_t(width));
+  const int rows = 3;
+  for (int width : {896, 3584, 5120, 11264}) {
+    const int ld_x = width + 4;
+    const size_t n = size_t(rows) * size_t(width);
+    const auto x = random_normal(size_t(rows) * size_t(ld_x), 2.0f, 2 + uint64_t(width));
     const auto w = random_normal(static_cast<size_t>(width), 1.0f, 3 + uint64_t(width));
-    DeviceBuffer<float> dx(x), dw(w), y_fused(static_cast<size_t>(width)), y_plain(static_cast<size_t>(width));
-    DeviceBuffer<uint16_t> b_fused(static_cast<size_t>(width)), b_plain(static_cast<size_t>(width));
-    DevicePlane q_fused(1, width), q_plain(1, width);
-    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_fused.get(), width, 1, width, 0, 1e-6f, q_fused.plane, 1, nullptr,
-                          b_fused.get());
-    cuda::launch_rms_norm(dx.get(), width, dw.get(), y_plain.get(), width, 1, width, 0, 1e-6f, {}, 0, nullptr);
-    cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, 1, width, nullptr);
-    cuda::launch_prefill_activation_bf16(y_plain.get(), b_plain.get(), width, nullptr);
+    DeviceBuffer<float> dx(x), dw(w), y_fused(n), y_plain(n);
+    DeviceBuffer<uint16_t> b_fused(n), b_plain(n);
+    DevicePlane q_fused(rows, width), q_plain(rows, width);
+    cuda::launch_rms_norm(dx.get(), ld_x, dw.get(), y_fused.get(), width, rows, width, 0, 1e-6f, q_fused.plane, rows,
+                          nullptr, b_fused.get());
+    cuda::launch_rms_norm(dx.get(), ld_x, dw.get(), y_plain.get(), width, rows, width, 0, 1e-6f, {}, 0, nullptr);
+    cuda::launch_quantize_q8(y_plain.get(), width, q_plain.plane, rows, width, nullptr);
+    cuda::launch_prefill_activation_bf16(y_plain.get(), b_plain.get(), int64_t(n), nullptr);
     const auto yf = y_fused.download(), yp = y_plain.download();
     ASSERT_EQ(std::memcmp(yf.data(), yp.data(), yf.size() * 4), 0) << width;
     const auto bf = b_fused.download(), bp = b_plain.download();
     ASSERT_EQ(std::memcmp(bf.data(), bp.data(), bf.size() * 2), 0) << width;
     ASSERT_TRUE(same_pad40(q_fused.to_pad40(), q_plain.to_pad40())) << width;
-    ASSERT_TRUE(same_pad40(q_fused.to_pad40(), quantize_pad40_cpu(yf, 1, width))) << width;
-    for (int i = 0; i < width; ++i)
-      ASSERT_NEAR(yf[size_t(i)], rms_ref(x.data(), w.data(), width, i, 1e-6f), 1e-5 * (1 + std::fabs(yf[size_t(i)])));
+    ASSERT_TRUE(same_pad40(q_fused.to_pad40(), quantize_pad40_cpu(yf, rows, width))) << width;
+    for (int r = 0; r < rows; ++r)
+      for (int i = 0; i < width; ++i) {
+        const float y = yf[size_t(r) * size_t(width) + size_t(i)];
+        ASSERT_NEAR(y, rms_ref(x.data() + size_t(r) * size_t(ld_x), w.data(), width, i, 1e-6f), 1e-5 * (1 + std::fabs(y)))
+            << "width " << width << " row " << r << " column " << i;
+      }
   }
 }
 

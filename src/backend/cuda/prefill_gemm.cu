@@ -612,29 +612,33 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
 
 // y[r][c] = sum over slices s in order 0.. of partial[s][r][c] (+ bias[c]) (+ residual[r][c]):
 // the same operation order as the single-pass epilogue, and fixed, so results are deterministic.
+// Thread x of block (bx, by) sums column pair bx * blockDim.x + x of rows by, by + gridDim.y, ...
+// (a 2-D grid: no 64-bit division by the row length, which ncu found made the kernel
+// instruction-bound).
 __global__ void splitk_reduce_kernel(const GemmParams p, int splits) {
-  const int half_n = p.n / 2;
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= int64_t(p.m) * half_n) return;
-  const int row = int(i / half_n), launch_col = 2 * int(i % half_n);
+  const int launch_col = 2 * int(blockIdx.x * blockDim.x + threadIdx.x);
+  if (launch_col >= p.n) return;
   int first_col;
   const GemmSegment seg = segment_at(p, launch_col, first_col);
   const int col = launch_col - first_col;
   const float *bias = seg.bias, *residual = p.residual;
   float* y = seg.y;
   const int64_t ldy = seg.ldy, plane = int64_t(p.m) * p.n;
-  const float* src = p.partial + int64_t(row) * p.n + launch_col;
-  float2 v = *reinterpret_cast<const float2*>(src);
-  for (int s = 1; s < splits; ++s) {
-    const float2 part = *reinterpret_cast<const float2*>(src + s * plane);
-    v.x += part.x, v.y += part.y;
+  const float2 b = bias ? make_float2(bias[col], bias[col + 1]) : make_float2(0.0f, 0.0f);
+  for (int row = blockIdx.y; row < p.m; row += gridDim.y) {
+    const float* src = p.partial + int64_t(row) * p.n + launch_col;
+    float2 v = *reinterpret_cast<const float2*>(src);
+    for (int s = 1; s < splits; ++s) {
+      const float2 part = *reinterpret_cast<const float2*>(src + s * plane);
+      v.x += part.x, v.y += part.y;
+    }
+    if (bias) v.x += b.x, v.y += b.y;
+    if (residual) {  // may alias y: this thread reads its element before writing it
+      const float2 r = *reinterpret_cast<const float2*>(residual + int64_t(row) * ldy + col);
+      v.x += r.x, v.y += r.y;
+    }
+    *reinterpret_cast<float2*>(y + int64_t(row) * ldy + col) = v;
   }
-  if (bias) v.x += bias[col], v.y += bias[col + 1];
-  if (residual) {  // may alias y: this thread reads its element before writing it
-    const float2 r = *reinterpret_cast<const float2*>(residual + int64_t(row) * ldy + col);
-    v.x += r.x, v.y += r.y;
-  }
-  *reinterpret_cast<float2*>(y + int64_t(row) * ldy + col) = v;
 }
 
 template <GgmlType T, int kBM, int kBN, bool kSplitK, bool kWgmma>
@@ -915,8 +919,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   }
   if (plan.k_splits > 1) {
     constexpr int kBlock = 256;
-    const int64_t pairs = g.m * (n_all / 2);
-    splitk_reduce_kernel<<<unsigned((pairs + kBlock - 1) / kBlock), kBlock, 0, stream>>>(p, plan.k_splits);
+    const dim3 grid(unsigned((n_all / 2 + kBlock - 1) / kBlock), unsigned(std::min<int64_t>(g.m, 65535)));
+    splitk_reduce_kernel<<<grid, kBlock, 0, stream>>>(p, plan.k_splits);
   }
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail("CUDA kernel prefill GEMM (", type_name, "): ", cudaGetErrorString(e));
