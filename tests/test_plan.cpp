@@ -76,6 +76,8 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(prompt.at("gemm_swiglu"), L);  // gate, up and the swiglu in one
   EXPECT_EQ(prompt.count("swiglu"), 0u);
   EXPECT_EQ(prompt.at("prefill_attention"), L);
+  EXPECT_EQ(prompt.at("rope_kv"), L);  // q and k roped, k and v cached: one launch
+  EXPECT_EQ(prompt.count("rope") + prompt.count("kv_append"), 0u);
   EXPECT_EQ(prompt.count("attention_split_combine"), 0u);
   EXPECT_EQ(prompt.at("gather_output_rows"), 1);
   EXPECT_EQ(prompt.count("rms_norm_quant_q8"), 0u);  // no decode rows: no plane to write
@@ -92,8 +94,8 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(mixed.at("gemm_qkv"), L);
   EXPECT_EQ(mixed.at("gemm_swiglu"), L);
   EXPECT_EQ(mixed.at("swiglu_quant_q8"), L);     // the decode rows' swiglu (and their q8 plane)
-  EXPECT_EQ(mixed.at("rope"), 2 * L);            // ... roped and cached separately
-  EXPECT_EQ(mixed.at("kv_append"), L);
+  EXPECT_EQ(mixed.at("rope_kv"), L);             // prompt rows: roped and cached in one launch
+  EXPECT_EQ(mixed.count("rope") + mixed.count("kv_append"), 0u);
   EXPECT_EQ(mixed.at("attention_split_combine"), L);
   EXPECT_EQ(mixed.at("prefill_attention"), L);
   EXPECT_EQ(mixed.count("activation_bf16"), 0u);  // the decode rows' q8 launches keep the plane
@@ -135,6 +137,12 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   EXPECT_EQ(n.count("gemm_swiglu"), 0u);
   EXPECT_EQ(n.at("gemm"), 4 * m.hp.n_layer);  // o, gate, up, down
   EXPECT_EQ(n.at("swiglu"), m.hp.n_layer);
+  for (const StepShape shape : {kPrompt, kMixed}) {
+    n = count(lower(g, with([](Fusions& f) { f.fused_rope_kv = false; }), shape));
+    EXPECT_EQ(n.count("rope_kv"), 0u);
+    EXPECT_EQ(n.at("rope"), 2 * m.hp.n_layer);  // prompt rows (mixed: the decode rows' in the qkv epilogue)
+    EXPECT_EQ(n.at("kv_append"), m.hp.n_layer);
+  }
   n = count(lower(g, with([](Fusions& f) { f.fused_qkv = false; }), kPrompt));
   EXPECT_EQ(n.count("gemm_qkv"), 0u);
   EXPECT_EQ(n.at("gemm"), 5 * m.hp.n_layer);  // q, k, v, o, down

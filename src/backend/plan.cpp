@@ -1,5 +1,7 @@
 #include "backend/plan.h"
 
+#include <optional>
+
 #include "util/env.h"
 
 namespace minfer {
@@ -133,17 +135,13 @@ class Lowering {
         if (size_t used = gate_up(i)) return used;
         return single_matmul(i);
       case Op::Rope:
-        if (!rope_done_for_decode_) {
-          emit({LaunchKind::Rope, "rope", Rows::All, -1, -1, n.out, int(i), int(i)});
-        } else if (s_.prompt) {
-          emit({LaunchKind::Rope, "rope", Rows::Prompt, -1, -1, n.out, int(i), int(i)});
-        }
+        if (const std::optional<Rows> rows = rows_not_roped())
+          emit({LaunchKind::Rope, "rope", *rows, -1, -1, n.out, int(i), int(i)});
         return 1;
       case Op::Attention: {
-        const Rows kv_rows = rope_done_for_decode_ ? Rows::Prompt : Rows::All;
-        if (!rope_done_for_decode_ || s_.prompt)
-          emit({LaunchKind::KvAppend, "kv_append", kv_rows, n.in[1], n.in[2], -1, int(i)});
-        rope_done_for_decode_ = false;
+        if (const std::optional<Rows> rows = rows_not_roped())
+          emit({LaunchKind::KvAppend, "kv_append", *rows, n.in[1], n.in[2], -1, int(i)});
+        roped_decode_ = roped_prompt_ = false;
         if (s_.decode)
           emit({LaunchKind::DecodeAttention, "attention_split_combine", Rows::Decode, n.in[0], -1, n.out, int(i),
                 s_.prompt ? -1 : int(i)});
@@ -196,12 +194,28 @@ class Lowering {
       if (roped) {
         l.epi = {SegmentEpilogue::RopeQ, SegmentEpilogue::RopeK, SegmentEpilogue::StoreV};
         l.node = int(i + 5);  // the attention node: its layer's cache
-        rope_done_for_decode_ = true;
+        roped_decode_ = true;
       }
       decode_matmul(std::move(l));
     }
-    if (s_.prompt) prompt_matmul(matmul_launch(LaunchKind::PromptMatmul, "gemm_qkv", Rows::Prompt, {i, i + 1, i + 2}));
+    if (s_.prompt) {
+      prompt_matmul(matmul_launch(LaunchKind::PromptMatmul, "gemm_qkv", Rows::Prompt, {i, i + 1, i + 2}));
+      if (roped && f_.fused_rope_kv) {
+        emit({LaunchKind::RopeKv, "rope_kv", Rows::Prompt, k.out, v.out, q.out, int(i + 5)});
+        roped_prompt_ = true;
+      }
+    }
     return 3;
+  }
+
+  // The rows whose q/k rope and KV write no fused launch has done (the layer's Rope and Attention
+  // nodes do them), or none.
+  std::optional<Rows> rows_not_roped() const {
+    const bool decode = s_.decode && !roped_decode_, prompt = s_.prompt && !roped_prompt_;
+    if (decode && prompt) return Rows::All;
+    if (decode) return roped_prompt_ ? Rows::Decode : Rows::All;
+    if (prompt) return roped_decode_ ? Rows::Prompt : Rows::All;
+    return std::nullopt;
   }
 
   // gate and up in one decode launch, then the SwiGLU node. Prompt rows: gate, up and the SwiGLU
@@ -276,7 +290,8 @@ class Lowering {
   int q8_slot_ = -1;                  // the slot whose decode (or output) rows the q8 plane holds
   int bf16_slot_ = -1;                // the slot whose rows a bf16 plane (prompt GEMM input) holds
   int bf16_plane_ = 0;                // ... and which of the two
-  bool rope_done_for_decode_ = false; // the fused qkv epilogue roped and cached the decode rows
+  bool roped_decode_ = false;  // the fused qkv epilogue roped and cached the decode rows
+  bool roped_prompt_ = false;  // a rope_kv launch roped and cached the prompt rows
 };
 
 }  // namespace
@@ -289,6 +304,7 @@ Fusions Fusions::from_env() {
   f.fused_qkv = !env_flag("MINFER_NO_FUSED_QKV");
   f.fused_ffn = !env_flag("MINFER_NO_FUSED_FFN");
   f.gemm_swiglu = !env_flag("MINFER_NO_GEMM_SWIGLU");
+  f.fused_rope_kv = !env_flag("MINFER_NO_FUSED_ROPE_KV");
   f.fused_residual = !env_flag("MINFER_NO_FUSED_RESIDUAL");
   f.pdl = !env_flag("MINFER_NO_PDL");
   f.batch_invariant = !env_flag("MINFER_NONDETERMINISTIC");
@@ -297,8 +313,8 @@ Fusions Fusions::from_env() {
 
 Fusions Fusions::none() {
   Fusions f;
-  f.decode_a_fuse = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu = f.fused_residual =
-      f.pdl = false;
+  f.decode_a_fuse = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu = f.fused_rope_kv =
+      f.fused_residual = f.pdl = false;
   return f;
 }
 

@@ -22,6 +22,7 @@ struct Fusions {
   bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch
   bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
   bool gemm_swiglu = true;     // MINFER_NO_GEMM_SWIGLU: prompt rows' gate, up and swiglu in one GEMM
+  bool fused_rope_kv = true;   // MINFER_NO_FUSED_ROPE_KV: prompt rows' q/k rope and KV write in one launch
   bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
   bool pdl = true;             // MINFER_NO_PDL: each kernel starts only after the one before it ends
   // MINFER_NONDETERMINISTIC: plan the prompt GEMM's K split for each launch's own token count
@@ -43,6 +44,7 @@ enum class LaunchKind : uint8_t {
   PromptMatmul,     // the prompt GEMM over prompt rows: one segment, q/k/v (stacked) or gate/up (swiglu)
   Rope,             // in place on `out` (rows)
   KvAppend,         // K (in) and V (in2) rows into the cache of `layer`
+  RopeKv,           // rope on q (out) and K (in) in place, then K and V (in2) into the cache of `layer`
   DecodeAttention,  // decode rows: q (in) over the cache of `layer` -> out
   PromptAttention,  // prompt rows: q (in) over the cache of `layer` -> out (writes_bf16 as RmsNorm)
   SwiGLU,           // silu(in) * in2 -> out (writes_q8, writes_bf16 as RmsNorm)

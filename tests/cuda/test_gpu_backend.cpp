@@ -392,7 +392,8 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   MINFER_REQUIRE_GPU();
   std::vector<std::pair<std::string, Fusions>> variants;
   for (const char* name :
-       {"decode_a_fuse", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu", "fused_residual", "pdl"}) {
+       {"decode_a_fuse", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu", "fused_rope_kv",
+        "fused_residual", "pdl"}) {
     Fusions f;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
     if (!std::strcmp(name, "prompt_a_fuse")) f.prompt_a_fuse = false;
@@ -400,6 +401,7 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
     if (!std::strcmp(name, "fused_qkv")) f.fused_qkv = false;
     if (!std::strcmp(name, "fused_ffn")) f.fused_ffn = false;
     if (!std::strcmp(name, "gemm_swiglu")) f.gemm_swiglu = false;
+    if (!std::strcmp(name, "fused_rope_kv")) f.fused_rope_kv = false;
     if (!std::strcmp(name, "fused_residual")) f.fused_residual = false;
     if (!std::strcmp(name, "pdl")) f.pdl = false;
     variants.emplace_back(std::string("no_") + name, f);

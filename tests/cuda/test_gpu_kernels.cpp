@@ -445,6 +445,47 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   }
 }
 
+// The prompt rows' fused rope and KV write gives the bits of rope on q, rope on k and kv_append,
+// for both pair layouts and head sizes 64 and 128 (q rows from a padded stride).
+TEST(GpuKernels, RopeKvEqualsRopeThenAppend) {
+  MINFER_REQUIRE_GPU();
+  const int n = 37, n_head = 7, n_kv = 2, n_slots = 64;
+  for (const int hd : {64, 128})
+    for (const bool neox : {true, false}) {
+      const int qw = n_head * hd, ldq = qw + 8, kvw = n_kv * hd;
+      std::vector<float> inv(static_cast<size_t>(hd / 2));
+      for (int j = 0; j < hd / 2; ++j) inv[size_t(j)] = float(std::pow(1e6, -2.0 * j / hd));
+      std::vector<int32_t> positions(static_cast<size_t>(n)), slot_of(static_cast<size_t>(n));
+      for (int t = 0; t < n; ++t) {
+        positions[size_t(t)] = (11 + 389 * t) % 20000;
+        slot_of[size_t(t)] = (40 + 7 * t) % n_slots;  // distinct: 7 is prime to 64
+      }
+      DeviceBuffer<float> dinv(inv);
+      DeviceBuffer<int32_t> pos(positions), slots(slot_of);
+      const auto q = random_normal(size_t(n) * size_t(ldq), 1.0f, 200 + uint64_t(hd));
+      const auto k = random_normal(size_t(n) * size_t(kvw), 1.0f, 201 + uint64_t(hd));
+      const auto v = random_normal(size_t(n) * size_t(kvw), 1.0f, 202 + uint64_t(hd));
+      DeviceBuffer<float> q1(q), q2(q), k1(k), k2(k), dv(v);
+      DeviceBuffer<uint16_t> kc1(size_t(n_slots * kvw)), vc1(size_t(n_slots * kvw)), kc2(size_t(n_slots * kvw)),
+          vc2(size_t(n_slots * kvw));
+      const cuda::RopeParams rp{dinv.get(), hd, neox};
+      cuda::launch_rope(q1.get(), ldq, n, n_head, rp, pos.get(), nullptr);
+      cuda::launch_rope(k1.get(), kvw, n, n_kv, rp, pos.get(), nullptr);
+      cuda::launch_kv_append(k1.get(), dv.get(), n, {kc1.get(), vc1.get(), n_kv, hd}, slots.get(), nullptr);
+      cuda::launch_rope_kv(q2.get(), ldq, k2.get(), dv.get(), kvw, n, n_head, rp, {kc2.get(), vc2.get(), n_kv, hd},
+                           pos.get(), slots.get(), nullptr);
+      const std::string what = "head_dim " + std::to_string(hd) + (neox ? " neox" : " pairs");
+      const auto qa = q1.download(), qb = q2.download(), ka = k1.download(), kb = k2.download();
+      ASSERT_EQ(std::memcmp(qa.data(), qb.data(), qa.size() * 4), 0) << what;
+      ASSERT_EQ(std::memcmp(ka.data(), kb.data(), ka.size() * 4), 0) << what;
+      const auto kca = kc1.download(), kcb = kc2.download(), vca = vc1.download(), vcb = vc2.download();
+      for (int slot : slot_of) {
+        ASSERT_EQ(std::memcmp(kca.data() + slot * kvw, kcb.data() + slot * kvw, size_t(kvw) * 2), 0) << what << " " << slot;
+        ASSERT_EQ(std::memcmp(vca.data() + slot * kvw, vcb.data() + slot * kvw, size_t(kvw) * 2), 0) << what << " " << slot;
+      }
+    }
+}
+
 // Both decode matmul kernels return exactly the canonical order's bits (quant/canonical_dot.h, the
 // CPU statement of it), with bias and residual, for any token count: a token's result does not
 // depend on how many tokens share the launch or which kernel runs it.

@@ -479,6 +479,13 @@ struct CudaBackend::Impl {
       case LaunchKind::Rope:
         launch_rope(slot(l.out) + row0 * w_out, int(w_out), count, node.n_heads, rope(), d_positions() + row0, s);
         return;
+      case LaunchKind::RopeKv: {
+        const int64_t w_kv = width(l.in);
+        launch_rope_kv(slot(l.out) + row0 * w_out, int(w_out), slot(l.in) + row0 * w_kv, slot(l.in2) + row0 * w_kv,
+                       int(w_kv), count, hp.n_head, rope(), kv_layer(node.layer), d_positions() + row0,
+                       d_slots() + row0, s);
+        return;
+      }
       case LaunchKind::KvAppend:
         launch_kv_append(slot(l.in) + row0 * w_in, slot(l.in2) + row0 * w_in, count, kv_layer(node.layer),
                          d_slots() + row0, s);

@@ -132,6 +132,13 @@ struct KvLayer {
 void launch_kv_append(const float* k, const float* v, int n_tokens, const KvLayer& kv,
                       const int32_t* slots, const KernelStream& s);
 
+// rope on n_tokens rows of q (n_q_heads heads, ldq apart) and of k, then k and v rows (ld_kv =
+// n_kv_heads * head_dim apart) into the cache at slots[t]: launch_rope on q and on k followed by
+// launch_kv_append, bit for bit, in one launch.
+void launch_rope_kv(float* q, int ldq, float* k, const float* v, int ld_kv, int n_tokens, int n_q_heads,
+                    const RopeParams& rp, const KvLayer& kv, const int32_t* positions, const int32_t* slots,
+                    const KernelStream& s);
+
 // ---- the decode matmul: y = W x for tokens whose activations are q8 plane rows ---------------------
 // What a segment's epilogue does with each row pair after bias and residual.
 enum class Epilogue : int {
