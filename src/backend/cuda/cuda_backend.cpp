@@ -474,7 +474,7 @@ struct CudaBackend::Impl {
         decode_matmul(l, geo, count, s);
         return;
       case LaunchKind::PromptMatmul:
-        prompt_matmul(l, geo, row0, count, f, s);
+        prompt_matmul(l, row0, count, f, s);
         return;
       case LaunchKind::Rope:
         launch_rope(slot(l.out) + row0 * w_out, int(w_out), count, node.n_heads, rope(), d_positions() + row0, s);
@@ -580,7 +580,7 @@ struct CudaBackend::Impl {
     (void)geo;
   }
 
-  void prompt_matmul(const Launch& l, const Geometry& geo, int row0, int count, const Fusions& f, const KernelStream& s) {
+  void prompt_matmul(const Launch& l, int row0, int count, const Fusions& f, const KernelStream& s) {
     if (l.swiglu) {
       prompt_swiglu(l, row0, count, f, s);
     } else if (l.n_segs > 1) {
@@ -588,7 +588,6 @@ struct CudaBackend::Impl {
     } else {
       prompt_gemm(l.seg_node[0], l.in, l.out, l.residual, l.bf16_in, row0, count, f, s);
     }
-    (void)geo;
   }
 
   // The arguments of the prompt GEMM of matrix node `node` over prompt rows [row0, row0 + count)
