@@ -107,6 +107,19 @@ void time_with_events(benchmark::State& state, double flops, Launch launch) {
   cudaEventDestroy(stop);
 }
 
+// Times launch_prefill_gemm(g) with the split-K workspace it needs; the counters say which plan ran.
+void time_gemm(benchmark::State& state, cuda::PrefillGemm g, double flops) {
+  const size_t workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
+  DeviceMemory workspace(std::max<size_t>(workspace_bytes, 256));
+  g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = workspace_bytes;
+  time_with_events(state, flops, [&] { cuda::launch_prefill_gemm(g, nullptr); });
+  const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
+  state.counters["splits"] = plan.k_splits;
+  state.counters["m_tile"] = plan.m_tile;
+  state.counters["n_tile"] = plan.n_tile;
+  state.counters["wgmma"] = plan.wgmma;
+}
+
 void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile,
                 int k_splits = 0, int64_t m_plan = 0, int n_tile = 0, int wgmma = 0, bool swiglu = false,
                 int64_t n_plan = 0) {
@@ -117,15 +130,7 @@ void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, in
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
   g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
   g.m_plan = m_plan, g.n_plan = n_plan, g.n_tile = n_tile, g.wgmma = wgmma;
-  DeviceMemory workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g), 256));
-  g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
-  time_with_events(state, (swiglu ? 4.0 : 2.0) * double(m) * double(n) * double(k),
-                   [&] { cuda::launch_prefill_gemm(g, nullptr); });
-  const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
-  state.counters["splits"] = plan.k_splits;
-  state.counters["m_tile"] = plan.m_tile;
-  state.counters["n_tile"] = plan.n_tile;
-  state.counters["wgmma"] = plan.wgmma;
+  time_gemm(state, g, (swiglu ? 4.0 : 2.0) * double(m) * double(n) * double(k));
 }
 
 // Matrices of one type stacked in one launch (q, k and v: PrefillGemm::stacked), planned as the
@@ -147,13 +152,7 @@ void bench_stacked(benchmark::State& state, GgmlType type, const std::vector<int
     n_all += rows[i];
   }
   g.n_stacked = int(rows.size()) - 1;
-  DeviceMemory workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g), 256));
-  g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
-  time_with_events(state, 2.0 * double(m) * double(n_all) * double(k), [&] { cuda::launch_prefill_gemm(g, nullptr); });
-  const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
-  state.counters["splits"] = plan.k_splits;
-  state.counters["m_tile"] = plan.m_tile;
-  state.counters["n_tile"] = plan.n_tile;
+  time_gemm(state, g, 2.0 * double(m) * double(n_all) * double(k));
 }
 
 void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {

@@ -102,13 +102,9 @@ class Lowering {
     if (l.writes_bf16) l.bf16_out = uint8_t(1 - bf16_plane_);  // the SwiGLU GEMM: not the plane it reads
     emit(std::move(l));
   }
-  void prompt_matmuls(std::initializer_list<size_t> nodes, int completes) {
+  void prompt_matmuls(std::initializer_list<size_t> nodes) {
     if (!s_.prompt) return;
-    for (size_t n : nodes) {
-      Launch l = matmul_launch(LaunchKind::PromptMatmul, "gemm", Rows::Prompt, {n});
-      if (int(n) == completes) l.completes_node = completes;
-      prompt_matmul(std::move(l));
-    }
+    for (size_t n : nodes) prompt_matmul(matmul_launch(LaunchKind::PromptMatmul, "gemm", Rows::Prompt, {n}));
   }
 
   size_t lower_at(size_t i) {
@@ -227,7 +223,7 @@ class Lowering {
     if (up.in[0] != gate.in[0] || sw.in[0] != gate.out || sw.in[1] != up.out || gate.bias || up.bias) return 0;
     if (s_.decode) decode_matmul(matmul_launch(LaunchKind::DecodeMatmul, "matvec_gate_up", Rows::Decode, {i, i + 1}));
     if (!f_.gemm_swiglu || !s_.prompt) {
-      prompt_matmuls({i, i + 1}, -1);
+      prompt_matmuls({i, i + 1});
       swiglu(i + 2, Rows::All);
       return 3;
     }

@@ -578,6 +578,17 @@ TEST(PrefillGemm, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // nor a K split
   g.k_splits = 0, g.w_up = nullptr, g.y_bf16 = reinterpret_cast<uint16_t*>(uintptr_t(256));
   EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // y_bf16 without w_up
+  g.y_bf16 = nullptr, g.n_stacked = 3;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // at most two stacked matrices
+  g.n_stacked = 1, g.stacked[0] = {g.w, 64, g.y, 64, nullptr};
+  g.n = g.ldy = 130;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // a stacked matrix after 130 rows
+  g.n = g.ldy = 128, g.stacked[0].n = 63;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // odd stacked n
+  g.stacked[0].n = 64, g.stacked[0].y = nullptr;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // no output for it
+  g.stacked[0].y = g.y, g.residual = g.y;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);  // stacked matrices take no residual
 }
 
 // With the K split planned for a fixed token count (m_plan), a row's bits do not depend on how

@@ -208,8 +208,9 @@ __global__ void swiglu_scalar_kernel(const float* __restrict__ gate, const float
   const int i = blockIdx.x * 256 + threadIdx.x;
   if (i >= width) return;
   const size_t at = size_t(row) * width + i;
-  out[at] = silu_mul(gate[at], up[at]);
-  if (bf16) bf16[at] = prefill_activation_bf16(out[at]);
+  const float y = silu_mul(gate[at], up[at]);
+  out[at] = y;
+  if (bf16) bf16[at] = prefill_activation_bf16(y);
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,

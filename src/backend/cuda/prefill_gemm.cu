@@ -752,10 +752,20 @@ bool wide_tiles_fill(const PrefillGemm& g, const PrefillGemmPlan& plan, int sm_c
   return 4 * covered_sms(256) >= 3 * covered_sms(128);
 }
 
+// Matrix i of a launch: w's (0), then the stacked ones.
+PrefillGemm::Stacked matrix(const PrefillGemm& g, int i) {
+  return i == 0 ? PrefillGemm::Stacked{g.w, g.n, g.y, g.ldy, g.bias} : g.stacked[size_t(i - 1)];
+}
+
 int64_t launch_columns(const PrefillGemm& g) {
-  int64_t n = g.n;
-  for (int i = 0; i < g.n_stacked; ++i) n += g.stacked[size_t(i)].n;
+  int64_t n = 0;
+  for (int i = 0; i <= g.n_stacked; ++i) n += matrix(g, i).n;
   return n;
+}
+
+// The split-K partial planes of m tokens by n columns (0 in one pass).
+size_t split_k_bytes(const PrefillGemmPlan& plan, int64_t m, int64_t n) {
+  return plan.k_splits > 1 ? size_t(plan.k_splits) * size_t(m) * size_t(n) * sizeof(float) : 0;
 }
 
 bool is_k_type(GgmlType t) {
@@ -833,10 +843,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   const int64_t k_multiple = is_k_type(g.w_type) ? QK_K : kBK;
   if (g.k <= 0 || g.k % k_multiple != 0)
     fail("prefill GEMM (", type_name, "): k = ", g.k, " is not a positive multiple of ", k_multiple);
-  if (g.n <= 0 || g.n % 2 != 0) fail("prefill GEMM (", type_name, "): n = ", g.n, " must be even and positive");
   if (g.m <= 0) fail("prefill GEMM (", type_name, "): m = ", g.m, " must be positive");
   if (g.ldx < g.k || g.ldx % 8 != 0) fail("prefill GEMM: ldx = ", g.ldx, " must be >= k = ", g.k, " and a multiple of 8");
-  if (g.ldy < g.n || g.ldy % 2 != 0) fail("prefill GEMM: ldy = ", g.ldy, " must be >= n = ", g.n, " and even");
   if (g.m_tile != 0 && g.m_tile != 64 && g.m_tile != 128 && g.m_tile != 256)
     fail("prefill GEMM: m_tile ", g.m_tile, " is not 0, 64, 128 or 256");
   if (g.n_tile != 0 && g.n_tile != 32 && g.n_tile != 64 && g.n_tile != 128)
@@ -846,11 +854,23 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.wgmma == 1 && !prefill_gemm_device_has_wgmma()) fail("prefill GEMM: warpgroup MMA needs an sm_90 device");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
-  if (!g.w || !g.x || !g.y) fail("prefill GEMM: null weight, activation or output pointer");
-  if (reinterpret_cast<uintptr_t>(g.w) % 16 || reinterpret_cast<uintptr_t>(g.x) % 16 ||
-      reinterpret_cast<uintptr_t>(g.y) % 8 || reinterpret_cast<uintptr_t>(g.residual) % 8 ||
-      reinterpret_cast<uintptr_t>(g.bias) % 8)
-    fail("prefill GEMM: misaligned pointer (w, x need 16 bytes; y, bias, residual 8)");
+  if (!g.x) fail("prefill GEMM: null activation pointer");
+  if (reinterpret_cast<uintptr_t>(g.x) % 16 || reinterpret_cast<uintptr_t>(g.residual) % 8)
+    fail("prefill GEMM: misaligned pointer (x needs 16 bytes, residual 8)");
+  if (g.n_stacked < 0 || g.n_stacked > int(g.stacked.size()))
+    fail("prefill GEMM: ", g.n_stacked, " stacked matrices (at most ", g.stacked.size(), ")");
+  for (int i = 0; i <= g.n_stacked; ++i) {  // w's matrix, then the stacked ones
+    const PrefillGemm::Stacked mat = matrix(g, i);
+    if (mat.n <= 0 || mat.n % 2 != 0 || mat.ldy < mat.n || mat.ldy % 2 != 0)
+      fail("prefill GEMM (", type_name, "): matrix ", i, ": n = ", mat.n, " must be even and positive, ldy = ",
+           mat.ldy, " >= n and even");
+    if (i < g.n_stacked && mat.n % 128 != 0)
+      fail("prefill GEMM: matrix ", i, " has ", mat.n, " rows (not a multiple of 128) and a stacked one follows");
+    if (!mat.w || !mat.y) fail("prefill GEMM: matrix ", i, ": null weight or output pointer");
+    if (reinterpret_cast<uintptr_t>(mat.w) % 16 || reinterpret_cast<uintptr_t>(mat.y) % 8 ||
+        reinterpret_cast<uintptr_t>(mat.bias) % 8)
+      fail("prefill GEMM: matrix ", i, ": misaligned pointer (w needs 16 bytes; y, bias 8)");
+  }
 
   if (g.workspace && reinterpret_cast<uintptr_t>(g.workspace) % 8)
     fail("prefill GEMM: split-K workspace must be 8-byte aligned");
@@ -865,23 +885,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   } else if (g.y_bf16) {
     fail("prefill GEMM: y_bf16 is the SwiGLU epilogue's (set w_up)");
   }
-  if (g.n_stacked < 0 || g.n_stacked > int(g.stacked.size()))
-    fail("prefill GEMM: ", g.n_stacked, " stacked matrices (at most ", g.stacked.size(), ")");
   if (g.n_stacked > 0 && (g.w_up || g.residual))
     fail("prefill GEMM: stacked matrices take no SwiGLU or residual");
-  for (int i = 0; i < g.n_stacked; ++i) {
-    const PrefillGemm::Stacked& st = g.stacked[size_t(i)];
-    const int64_t n_before = i == 0 ? g.n : g.stacked[size_t(i - 1)].n;
-    if (n_before % 128 != 0)
-      fail("prefill GEMM: a matrix with ", n_before, " rows (not a multiple of 128) is followed by a stacked one");
-    if (st.n <= 0 || st.n % 2 != 0 || st.ldy < st.n || st.ldy % 2 != 0)
-      fail("prefill GEMM: stacked matrix ", i, ": n = ", st.n, " must be even and positive, ldy = ", st.ldy,
-           " >= n and even");
-    if (!st.w || !st.y) fail("prefill GEMM: stacked matrix ", i, ": null weight or output pointer");
-    if (reinterpret_cast<uintptr_t>(st.w) % 16 || reinterpret_cast<uintptr_t>(st.y) % 8 ||
-        reinterpret_cast<uintptr_t>(st.bias) % 8)
-      fail("prefill GEMM: stacked matrix ", i, ": misaligned pointer (w needs 16 bytes; y, bias 8)");
-  }
   const int64_t n_all = launch_columns(g);
   if (n_all > INT32_MAX) fail("prefill GEMM: ", n_all, " columns exceed 32-bit indexing");
   const PrefillGemmPlan plan = prefill_gemm_plan(g);
@@ -889,10 +894,10 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
     fail("prefill GEMM: 256-token tiles need warpgroup MMA and 128-row n-tiles (n_tile ", plan.n_tile, ")");
   const int steps = int(g.k / kBK);
   GemmParams p{};
-  p.seg[0] = {static_cast<const uint8_t*>(g.w), g.y, g.ldy, g.bias, int(g.n)};
-  for (int i = 0; i < g.n_stacked; ++i) {
-    const PrefillGemm::Stacked& st = g.stacked[size_t(i)];
-    p.seg[i + 1] = {static_cast<const uint8_t*>(st.w), st.y, st.ldy, st.bias, p.seg[i].n_end + int(st.n)};
+  for (int i = 0, n_end = 0; i <= g.n_stacked; ++i) {
+    const PrefillGemm::Stacked mat = matrix(g, i);
+    n_end += int(mat.n);
+    p.seg[i] = {static_cast<const uint8_t*>(mat.w), mat.y, mat.ldy, mat.bias, n_end};
   }
   p.n_segs = 1 + g.n_stacked;
   p.w_row_bytes = int64_t(row_bytes(g.w_type, g.k));
@@ -901,7 +906,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   p.slice_steps = (steps + plan.k_splits - 1) / plan.k_splits;
   p.w_up = static_cast<const uint8_t*>(g.w_up), p.y_bf16 = g.y_bf16;
   if (plan.k_splits > 1) {
-    const size_t need = size_t(plan.k_splits) * size_t(g.m) * size_t(n_all) * sizeof(float);
+    const size_t need = split_k_bytes(plan, g.m, n_all);
     if (!g.workspace || need > g.workspace_bytes)
       fail("prefill GEMM: ", plan.k_splits, " K slices of ", g.m, " x ", n_all, " need ", need,
            " bytes of split-K workspace, more than the ", g.workspace ? g.workspace_bytes : 0, " given");
@@ -928,7 +933,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
 
 size_t prefill_gemm_workspace_bytes(const PrefillGemm& g) {
   const PrefillGemmPlan plan = prefill_gemm_plan(g);
-  return plan.k_splits > 1 ? size_t(plan.k_splits) * size_t(g.m) * size_t(launch_columns(g)) * sizeof(float) : 0;
+  return split_k_bytes(plan, g.m, launch_columns(g));
 }
 
 void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
