@@ -301,6 +301,7 @@ Fusions Fusions::from_env() {
   f.fused_ffn = !env_flag("MINFER_NO_FUSED_FFN");
   f.gemm_swiglu = !env_flag("MINFER_NO_GEMM_SWIGLU");
   f.fused_rope_kv = !env_flag("MINFER_NO_FUSED_ROPE_KV");
+  f.concurrent_gemms = !env_flag("MINFER_NO_CONCURRENT_GEMMS");
   f.fused_residual = !env_flag("MINFER_NO_FUSED_RESIDUAL");
   f.pdl = !env_flag("MINFER_NO_PDL");
   f.batch_invariant = !env_flag("MINFER_NONDETERMINISTIC");
@@ -310,7 +311,7 @@ Fusions Fusions::from_env() {
 Fusions Fusions::none() {
   Fusions f;
   f.decode_a_fuse = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu = f.fused_rope_kv =
-      f.fused_residual = f.pdl = false;
+      f.concurrent_gemms = f.fused_residual = f.pdl = false;
   return f;
 }
 

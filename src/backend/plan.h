@@ -23,6 +23,7 @@ struct Fusions {
   bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
   bool gemm_swiglu = true;     // MINFER_NO_GEMM_SWIGLU: prompt rows' gate, up and swiglu in one GEMM
   bool fused_rope_kv = true;   // MINFER_NO_FUSED_ROPE_KV: prompt rows' q/k rope and KV write in one launch
+  bool concurrent_gemms = true;  // MINFER_NO_CONCURRENT_GEMMS: q/k/v GEMMs of two types on two streams
   bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
   bool pdl = true;             // MINFER_NO_PDL: each kernel starts only after the one before it ends
   // MINFER_NONDETERMINISTIC: plan the prompt GEMM's K split for each launch's own token count

@@ -386,14 +386,15 @@ Trace trace(const Synth& s, Fusions f) {
   return t;
 }
 
-// tiny: q4_K everywhere (the SwiGLU GEMM); qwen2.5-0.5b: q5_0 gate/up (no GEMM: the matvec over
-// the prompt rows, which quantizes them into the q8 plane).
+// tiny: q4_K everywhere (the SwiGLU GEMM); tiny-llama3: a q6_K v in some layers (q/k and v on two
+// streams); qwen2.5-0.5b: q5_0 gate/up (no GEMM: the matvec over the prompt rows, which quantizes
+// them into the q8 plane).
 TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   MINFER_REQUIRE_GPU();
   std::vector<std::pair<std::string, Fusions>> variants;
   for (const char* name :
        {"decode_a_fuse", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu", "fused_rope_kv",
-        "fused_residual", "pdl"}) {
+        "concurrent_gemms", "fused_residual", "pdl"}) {
     Fusions f;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
     if (!std::strcmp(name, "prompt_a_fuse")) f.prompt_a_fuse = false;
@@ -402,12 +403,13 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
     if (!std::strcmp(name, "fused_ffn")) f.fused_ffn = false;
     if (!std::strcmp(name, "gemm_swiglu")) f.gemm_swiglu = false;
     if (!std::strcmp(name, "fused_rope_kv")) f.fused_rope_kv = false;
+    if (!std::strcmp(name, "concurrent_gemms")) f.concurrent_gemms = false;
     if (!std::strcmp(name, "fused_residual")) f.fused_residual = false;
     if (!std::strcmp(name, "pdl")) f.pdl = false;
     variants.emplace_back(std::string("no_") + name, f);
   }
   variants.emplace_back("none", Fusions::none());
-  for (const char* preset : {"tiny", "qwen2.5-0.5b"}) {
+  for (const char* preset : {"tiny", "tiny-llama3", "qwen2.5-0.5b"}) {
     const Synth& s = synth_model(preset);
     const Trace ref = trace(s, Fusions{});  // everything on
     for (const auto& [name, f] : variants) {

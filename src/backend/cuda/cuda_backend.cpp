@@ -66,6 +66,10 @@ struct CudaBackend::Impl {
   const Fusions fusions;
   DeviceContext ctx;
   Stream stream;
+  // A second stream for GEMMs of one step that may run beside the main stream's (q/k/v runs of
+  // different types), forked from and joined back to it by events.
+  Stream side_stream;
+  Event fork_event, join_event;
   UploadStats upload;
   DeviceWeights weights;
   LoadStats stats;
@@ -166,7 +170,7 @@ struct CudaBackend::Impl {
       g.sm_count = ctx.sm_count;
       most = std::max(most, prefill_gemm_workspace_bytes(g));
     }
-    return int64_t(most);
+    return int64_t(most) + 3 * 256;  // the runs of one group start 256-byte aligned (prompt_stacked)
   }
   int splits_for_decode() const { return std::max(1, (2 * ctx.sm_count + hp.n_head_kv - 1) / hp.n_head_kv); }
   int64_t workspace_bytes(int tokens) const {
@@ -649,7 +653,10 @@ struct CudaBackend::Impl {
 
   // q, k and v over the prompt rows: runs of matrices of one type and width stacked in one GEMM
   // (each matrix but a run's last a multiple of 128 rows); the others alone.
+  // Runs after the first run on the side stream (concurrent_gemms), each with its own part of the
+  // split-K workspace; matrices without a GEMM run on the main stream in their place.
   void prompt_stacked(const Launch& l, int row0, int count, const Fusions& f, const KernelStream& s) {
+    std::vector<PrefillGemm> runs;
     for (int first = 0; first < l.n_segs;) {
       const Node& head = graph.nodes[size_t(l.seg_node[size_t(first)])];
       const DevMat& hm = weights.mat(head.weight);
@@ -664,11 +671,30 @@ struct CudaBackend::Impl {
                                                weights.vec(n.bias)};
           rows = m.rows;
         }
-        launch_prefill_gemm(g, s.stream);
+        runs.push_back(g);
       } else {
         prompt_gemm(l.seg_node[size_t(first)], l.in, head.out, -1, l.bf16_in, row0, count, f, s);
       }
       first = next;
+    }
+    if (runs.empty()) return;
+    const bool beside = f.concurrent_gemms && runs.size() > 1;
+    if (beside) {
+      check(cudaEventRecord(fork_event.get(), s.stream), "cudaEventRecord (fork)");
+      check(cudaStreamWaitEvent(side_stream.get(), fork_event.get()), "cudaStreamWaitEvent (fork)");
+    }
+    size_t used = 0;  // of the split-K workspace: the group's total covers every run at once
+    for (size_t i = 0; i < runs.size(); ++i) {
+      PrefillGemm& g = runs[i];
+      const size_t need = prefill_gemm_workspace_bytes(g);
+      g.workspace = gemm_workspace.get() + used / sizeof(float);
+      g.workspace_bytes = gemm_workspace.bytes() - used;
+      if (beside) used += (need + 255) / 256 * 256;
+      launch_prefill_gemm(g, beside && i > 0 ? side_stream.get() : s.stream);
+    }
+    if (beside) {
+      check(cudaEventRecord(join_event.get(), side_stream.get()), "cudaEventRecord (join)");
+      check(cudaStreamWaitEvent(s.stream, join_event.get()), "cudaStreamWaitEvent (join)");
     }
   }
 
