@@ -375,6 +375,50 @@ TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
   }
 }
 
+// The warp-specialized 256-token kernel (two producer warpgroups, two consumers) gives the bits of
+// the kernel whose warpgroups both dequantize and multiply: single pass with bias and residual,
+// 3 K slices (7, 7 and 6 steps: the producers' step pairs end on an odd step too), the SwiGLU
+// epilogue; a partial last m-tile and n-tile (m = 300, n = 264).
+TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
+  REQUIRE_DEVICE();
+  if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "256-token tiles need warpgroup MMA";
+  const GgmlType type = GetParam();
+  const int64_t m = 300, n = 264, k = 1280;
+  DeviceBuffer<uint8_t> w(test::random_weight_rows(type, n, k, test::seed() + 9800 + uint64_t(type)));
+  DeviceBuffer<uint8_t> w_up(test::random_weight_rows(type, n, k, test::seed() + 9801 + uint64_t(type)));
+  DeviceBuffer<float> bias(test::random_normal(size_t(n), 0.5f, 9802)), residual(test::random_normal(size_t(m * n), 1.0f, 9803));
+  const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9804);
+  std::vector<uint16_t> x_bf16(x.size());
+  for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
+  DeviceBuffer<uint16_t> dx(x_bf16), plane1(size_t(m * n)), plane2(size_t(m * n));
+  DeviceBuffer<float> y1(size_t(m * n)), y2(size_t(m * n)), workspace(size_t(3 * m * n));
+  for (const char* what : {"single pass", "split-K", "SwiGLU"}) {
+    PrefillGemm g;
+    g.w_type = type, g.w = w.ptr, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m, g.ldy = n;
+    g.m_tile = 256, g.wgmma = 1, g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * sizeof(float);
+    if (std::string(what) == "SwiGLU") {
+      g.w_up = w_up.ptr, g.k_splits = 1;
+    } else {
+      g.bias = bias.ptr, g.residual = residual.ptr, g.k_splits = std::string(what) == "split-K" ? 3 : 1;
+    }
+    for (const int ws : {1, -1}) {
+      DeviceBuffer<float>& y = ws == 1 ? y1 : y2;
+      DeviceBuffer<uint16_t>& plane = ws == 1 ? plane1 : plane2;
+      g.warp_specialized = ws, g.y = y.ptr;
+      if (g.w_up) g.y_bf16 = plane.ptr;
+      y.fill_bytes(0xFF);
+      plane.fill_bytes(0xFF);
+      ASSERT_EQ(cuda::prefill_gemm_plan(g).warp_specialized, ws == 1) << what;
+      cuda::launch_prefill_gemm(g, nullptr);
+      check(cudaDeviceSynchronize(), what);
+    }
+    const std::vector<float> a = y1.download(), b = y2.download();
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << type_traits(type).name << " " << what;
+    const std::vector<uint16_t> pa = plane1.download(), pb = plane2.download();
+    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 2), 0) << type_traits(type).name << " " << what;
+  }
+}
+
 // Split-K: forced uneven slices (k = 512 is 8 K steps: 3 slices of 3, 3, 2; 8 slices of one step)
 // and the automatic choice on a large K (7B ffn_down's 18944), all against the same reference.
 TEST_P(PrefillGemmTypes, SplitKMatchesFloat64Reference) {

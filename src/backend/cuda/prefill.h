@@ -92,6 +92,11 @@ struct PrefillGemm {
   // Warpgroup MMA (sm_90): 0 chooses it on an sm_90 device unless MINFER_NO_WGMMA_GEMM is set to
   // anything but "0"; 1 forces it (an sm_90 device only), -1 forces the mma.sync kernel.
   int wgmma = 0;
+  // 256-token tiles: 0 runs them warp-specialized (two producer warpgroups dequantizing into a ring
+  // of stages, two consumer warpgroups multiplying) unless MINFER_NO_WS_GEMM is set to anything
+  // but "0"; 1 forces it, -1 the kernel whose warpgroups both dequantize and multiply. The same
+  // bits either way.
+  int warp_specialized = 0;
   // Split-K: the K loop is cut into k_splits slices run by separate CTAs; each writes its f32
   // partial tile to the workspace and a second kernel sums the slices in slice order (then + bias,
   // then + residual), so results are deterministic run to run. 0: chosen from the grid size (1
@@ -124,6 +129,7 @@ struct PrefillGemmPlan {
   int n_tile = 128;
   int k_splits = 1;
   bool wgmma = false;
+  bool warp_specialized = false;  // 256-token tiles: producer and consumer warpgroups
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
 // Workspace bytes launch_prefill_gemm(g) needs (0 without split-K).

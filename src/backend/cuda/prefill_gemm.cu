@@ -377,6 +377,79 @@ struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weig
 
 // ---- the kernel ------------------------------------------------------------------------------------
 
+// The epilogue: accumulator (i, j, e) of this thread is row row_of(i) + 8 * (e >= 2), column n0 +
+// tile_col_of(j) + e % 2 of the launch (segment seg from its column seg_n0 on): the SwiGLU
+// product and its bf16 plane, the split-K partial plane, or bias + residual into the output.
+template <bool kCanSwiGLU, bool kSplitK, int kAccM, int kAccN, typename RowOf, typename TileColOf>
+__device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[kAccM][kAccN][4], int n0,
+                                           const GemmSegment& seg, int seg_n0, bool swiglu, RowOf row_of,
+                                           TileColOf tile_col_of) {
+  const auto col_of = [&](int j) { return n0 + tile_col_of(j); };
+  if constexpr (kCanSwiGLU) {
+    if (swiglu) {
+#pragma unroll
+      for (int i = 0; i < kAccM; ++i)
+#pragma unroll
+        for (int j = 0; j < kAccN; ++j) {
+          if (j % 8 >= 4) continue;  // an up block: its gate block j - 4 writes the pair
+          const int tile_col = tile_col_of(j);
+          const int col = n0 + (tile_col / 64) * 32 + tile_col % 32;
+          if (col >= p.n) continue;  // n is even, so col + 1 < n too
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = row_of(i) + 8 * h;
+            if (row >= p.m) continue;
+            const float2 v = make_float2(silu_mul(acc[i][j][2 * h], acc[i][j + 4][2 * h]),
+                                         silu_mul(acc[i][j][2 * h + 1], acc[i][j + 4][2 * h + 1]));
+            *reinterpret_cast<float2*>(seg.y + int64_t(row) * seg.ldy + col) = v;
+            if (p.y_bf16)
+              *reinterpret_cast<uint32_t*>(p.y_bf16 + int64_t(row) * seg.ldy + col) = prefill_activation_bf16x2(v.x, v.y);
+          }
+        }
+      return;
+    }
+  }
+  if constexpr (kSplitK) {
+    float* plane = p.partial + int64_t(blockIdx.z) * p.m * p.n;
+#pragma unroll
+    for (int i = 0; i < kAccM; ++i)
+#pragma unroll
+      for (int j = 0; j < kAccN; ++j) {
+        const int col = col_of(j);
+        if (col >= p.n) continue;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row_of(i) + 8 * h;
+          if (row < p.m)
+            *reinterpret_cast<float2*>(plane + int64_t(row) * p.n + col) =
+                make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
+        }
+      }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kAccM; ++i) {
+#pragma unroll
+      for (int j = 0; j < kAccN; ++j) {
+        const int col = col_of(j) - seg_n0;  // of the segment
+        if (col_of(j) >= p.n) continue;      // n is even, so col + 1 < n too
+        float2 bias = make_float2(0.0f, 0.0f);
+        if (seg.bias) bias = *reinterpret_cast<const float2*>(seg.bias + col);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = row_of(i) + 8 * h;
+          if (row >= p.m) continue;
+          float2 v = make_float2(acc[i][j][2 * h] + bias.x, acc[i][j][2 * h + 1] + bias.y);
+          if (p.residual) {
+            const float2 r = *reinterpret_cast<const float2*>(p.residual + int64_t(row) * seg.ldy + col);
+            v.x += r.x, v.y += r.y;
+          }
+          *reinterpret_cast<float2*>(seg.y + int64_t(row) * seg.ldy + col) = v;
+        }
+      }
+    }
+  }
+}
+
 // REQUIRES: blockDim.x == GemmShape::kThreads; gridDim = (ceil(m / kBM), ceil(n / kBN), ceil(k / kBK /
 // slice_steps)) with gridDim.z == 1 unless kSplitK; k % kBK == 0 (and the K types: k % 256 == 0);
 // partial set iff kSplitK; dynamic shared memory GemmShape<kBM>::kSmemBytes. M-tiles vary fastest
@@ -544,70 +617,149 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
   const auto tile_col_of = [&](int j) {
     return kWgmma ? j * 8 + 2 * (lane & 3) : warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
   };
-  const auto col_of = [&](int j) { return n0 + tile_col_of(j); };
-  if constexpr (kCanSwiGLU) {
-    if (swiglu) {
-#pragma unroll
-      for (int i = 0; i < kAccM; ++i)
-#pragma unroll
-        for (int j = 0; j < kAccN; ++j) {
-          if (j % 8 >= 4) continue;  // an up block: its gate block j - 4 writes the pair
-          const int tile_col = tile_col_of(j);
-          const int col = n0 + (tile_col / 64) * 32 + tile_col % 32;
-          if (col >= p.n) continue;  // n is even, so col + 1 < n too
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int row = row_of(i) + 8 * h;
-            if (row >= p.m) continue;
-            const float2 v = make_float2(silu_mul(acc[i][j][2 * h], acc[i][j + 4][2 * h]),
-                                         silu_mul(acc[i][j][2 * h + 1], acc[i][j + 4][2 * h + 1]));
-            *reinterpret_cast<float2*>(seg.y + int64_t(row) * seg.ldy + col) = v;
-            if (p.y_bf16)
-              *reinterpret_cast<uint32_t*>(p.y_bf16 + int64_t(row) * seg.ldy + col) = prefill_activation_bf16x2(v.x, v.y);
-          }
-        }
-      return;
+  store_tile<kCanSwiGLU, kSplitK>(p, acc, n0, seg, seg_n0, swiglu, row_of, tile_col_of);
+}
+
+// ---- warp-specialized 256 x 128 tiles ------------------------------------------------------------
+// Four warpgroups. Two producers copy each step's activation tile (cp.async) and dequantize the
+// weight tile (two threads a row, as prefill_gemm_kernel's 256 threads do) into a ring of
+// kWsStages stages, running ahead of the multiply; two consumers (128 tokens each) wait for a
+// stage, issue its wgmma, and release the stage before when that one's wgmma has completed. Per
+// stage two mbarriers: full (256 cp.async arrivals and 256 arrivals after the weight stores) and
+// empty (256 consumer arrivals). Every output sums the same k16 slices in the same order as
+// prefill_gemm_kernel<T, 256, 128, kSplitK, true>: the same bits. The dequantization no longer
+// waits behind a block barrier for the multiply, nor the multiply for the dequantization.
+// One producer warpgroup (a thread a row) was measured too: the consumers then waited for it
+// (docs/14 §15).
+// REQUIRES: blockDim.x == kWsThreads; grid and K range as prefill_gemm_kernel with kBM = 256,
+// kBN = 128; WsShape::kSmemBytes of dynamic shared memory; sm_90a (other compilations trap).
+constexpr int kWsStages = 4;
+constexpr int kWsProducerThreads = 256;
+constexpr int kWsThreads = kWsProducerThreads + 256;
+// The register file split by setmaxnreg: 256 x 96 + 256 x 160 = 512 x 128 (ptxas: no spills but
+// 24 bytes in the q6_K producer; consumers hold 128 accumulators).
+constexpr int kWsProducerRegisters = 96, kWsConsumerRegisters = 160;
+struct WsShape {
+  static constexpr int kAStageBytes = 256 * Tile::kRowBytes;
+  static constexpr int kBStageBytes = 128 * Tile::kRowBytes;
+  static constexpr int kStageBytes = kAStageBytes + kBStageBytes;  // a multiple of 1024: stages stay aligned
+  static constexpr int kSmemBytes = kWsStages * kStageBytes + 2 * kWsStages * 8 + 1024;  // + barriers, alignment
+};
+
+template <GgmlType T, bool kSplitK>
+__global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const GemmParams p) {
+  if constexpr (!device_has_wgmma()) __trap();
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t base = shared_address(smem);
+  const uint32_t pad = (1024u - (base & 1023u)) & 1023u;
+  const uint32_t tiles = base + pad;
+  uint8_t* const tiles_ptr = smem + pad;
+  const uint32_t barriers = tiles + kWsStages * WsShape::kStageBytes;
+  const auto a_stage = [&](int s) { return tiles + uint32_t(s * WsShape::kStageBytes); };
+  const auto b_offset = [&](int s) { return uint32_t(s * WsShape::kStageBytes + WsShape::kAStageBytes); };
+  const auto full = [&](int s) { return barriers + uint32_t(8 * s); };
+  const auto empty = [&](int s) { return barriers + uint32_t(8 * (kWsStages + s)); };
+
+  const int tid = threadIdx.x, warp_group = tid / 128;
+  constexpr bool kCanSwiGLU = !kSplitK;
+  const bool swiglu = kCanSwiGLU && p.w_up != nullptr;
+  const int m0 = blockIdx.x * 256, n0 = blockIdx.y * (swiglu ? 64 : 128);
+  int seg_n0;
+  const GemmSegment seg = segment_at(p, n0, seg_n0);
+  const int first_step = kSplitK ? int(blockIdx.z) * p.slice_steps : 0;
+  const int steps = kSplitK ? min(p.slice_steps, p.k / kBK - first_step) : p.k / kBK;
+
+  if (tid == 0)
+    for (int s = 0; s < kWsStages; ++s) {
+      mbarrier_init(full(s), 2 * kWsProducerThreads);
+      mbarrier_init(empty(s), 256);
     }
-  }
-  if constexpr (kSplitK) {
-    float* plane = p.partial + int64_t(blockIdx.z) * p.m * p.n;
+  __syncthreads();  // the last block-wide barrier: the warpgroups part here
+
+  constexpr int kProducerGroups = kWsProducerThreads / 128;
+  if (warp_group < kProducerGroups) {  // producer
+    warpgroup_registers_down<kWsProducerRegisters>();
+    // Part tid % kParts of weight tile row tid / kParts (the SwiGLU interleave as in prefill_gemm_kernel).
+    constexpr int kParts = kWsProducerThreads / 128;
+    const int w_tile_row = tid / kParts, w_part = tid % kParts;
+    const int w_matrix_row = (swiglu ? n0 + (w_tile_row / 64) * 32 + w_tile_row % 32 : n0 + w_tile_row) - seg_n0;
+    const uint8_t* w_matrix = swiglu && (w_tile_row / 32) % 2 ? p.w_up : seg.w;
+    const uint8_t* w_row = w_matrix + int64_t(min(w_matrix_row, seg.n_end - seg_n0 - 1)) * p.w_row_bytes;
+    // Activation chunk tid % 8 of rows tid / 8 + kRowsPerPass i: one source pointer and one
+    // swizzled offset, each copy kRowsPerPass rows further (a multiple of 8: the same swizzle).
+    constexpr int kRowsPerPass = kWsProducerThreads / kChunksPerRow;
+    const int a_row = tid / kChunksPerRow, a_chunk = tid % kChunksPerRow;
+    const int a_rows_valid = p.m - m0 - a_row;  // copies i with kRowsPerPass i < this are in range
+    const uint16_t* a_src = p.x + int64_t(min(m0 + a_row, p.m - 1)) * p.ldx + first_step * kBK + a_chunk * 8;
+    const int64_t a_pass_stride = int64_t(kRowsPerPass) * p.ldx;
+    const uint32_t a_dst = uint32_t(Tile::offset(a_row, a_chunk));  // + i * kRowsPerPass * kRowBytes (same swizzle)
+    // Weights are loaded two steps ahead of their dequantization (a register pair of chunks),
+    // so an HBM latency hides behind two steps of multiply.
+    WeightChunk<T, kParts> weights[2];
+    weights[0].load(w_row, first_step * kBK, w_part);
+    if (steps > 1) weights[1].load(w_row, (first_step + 1) * kBK, w_part);
+    const auto produce = [&](int step, WeightChunk<T, kParts>& w) {
+      const int s = step % kWsStages;
+      mbarrier_wait(empty(s), ((step / kWsStages) & 1) ^ 1);  // the first round passes at once
 #pragma unroll
-    for (int i = 0; i < kAccM; ++i)
-#pragma unroll
-      for (int j = 0; j < kAccN; ++j) {
-        const int col = col_of(j);
-        if (col >= p.n) continue;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = row_of(i) + 8 * h;
-          if (row < p.m)
-            *reinterpret_cast<float2*>(plane + int64_t(row) * p.n + col) =
-                make_float2(acc[i][j][2 * h], acc[i][j][2 * h + 1]);
-        }
+      for (int i = 0; i < 256 / kRowsPerPass; ++i) {
+        const bool valid = kRowsPerPass * i < a_rows_valid;  // an invalid copy zero-fills from row m - 1
+        cp_async16(a_stage(s) + a_dst + uint32_t(i * kRowsPerPass * Tile::kRowBytes),
+                   a_src + (valid ? i * a_pass_stride : 0) + step * kBK, valid);
       }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kAccM; ++i) {
-#pragma unroll
-      for (int j = 0; j < kAccN; ++j) {
-        const int col = col_of(j) - seg_n0;  // of the segment
-        if (col_of(j) >= p.n) continue;      // n is even, so col + 1 < n too
-        float2 bias = make_float2(0.0f, 0.0f);
-        if (seg.bias) bias = *reinterpret_cast<const float2*>(seg.bias + col);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = row_of(i) + 8 * h;
-          if (row >= p.m) continue;
-          float2 v = make_float2(acc[i][j][2 * h] + bias.x, acc[i][j][2 * h + 1] + bias.y);
-          if (p.residual) {
-            const float2 r = *reinterpret_cast<const float2*>(p.residual + int64_t(row) * seg.ldy + col);
-            v.x += r.x, v.y += r.y;
-          }
-          *reinterpret_cast<float2*>(seg.y + int64_t(row) * seg.ldy + col) = v;
-        }
-      }
+      cp_async_mbarrier_arrive(full(s));
+      uint8_t* dst = tiles_ptr + b_offset(s);
+      const auto scales = w.scales();
+      const int chunk0 = w_part * PartShape<kParts>::kChunks;
+      [&]<int... c>(std::integer_sequence<int, c...>) {
+        ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = w.template chunk<c>(scales)), ...);
+      }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
+      if (step + 2 < steps) w.load(w_row, (first_step + step + 2) * kBK, w_part);
+      fence_proxy_async_shared();  // the weight stores, for the consumers' wgmma
+      mbarrier_arrive(full(s));
+    };
+    for (int step = 0; step < steps; step += 2) {
+      produce(step, weights[0]);
+      if (step + 1 < steps) produce(step + 1, weights[1]);
     }
+    return;  // no barrier follows
   }
+
+  warpgroup_registers_up<kWsConsumerRegisters>();
+  const int consumer = warp_group - kProducerGroups, lane = tid & 31, warp_in_group = (tid / 32) % 4;
+  float acc[2][16][4];
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+  for (int step = 0; step < steps; ++step) {
+    const int s = step % kWsStages;
+    mbarrier_wait(full(s), (step / kWsStages) & 1);
+    fence_proxy_async_shared();  // the stage's cp.async copies, for the tensor cores
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBK / 16; ++kk)  // each accumulator sums its K slices in order
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        wgmma_bf16<128>(reinterpret_cast<float(&)[64]>(acc[i]),
+                        sw128_descriptor(a_stage(s) + (consumer * 128 + i * 64) * Tile::kRowBytes + kk * 32),
+                        sw128_descriptor(tiles + b_offset(s) + kk * 32));
+    wgmma_commit();
+    wgmma_wait<1>();  // the step before is done: its stage may be refilled
+    if (step > 0) mbarrier_arrive(empty((step - 1) % kWsStages));
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int i = 0; i < 2; ++i)
+#pragma unroll
+    for (int j = 0; j < 16; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) fence_operand(acc[i][j][e]);
+  const auto row_of = [&](int i) { return m0 + consumer * 128 + i * 64 + warp_in_group * 16 + (lane >> 2); };
+  const auto tile_col_of = [&](int j) { return j * 8 + 2 * (lane & 3); };
+  store_tile<kCanSwiGLU, kSplitK>(p, acc, n0, seg, seg_n0, swiglu, row_of, tile_col_of);
 }
 
 // y[r][c] = sum over slices s in order 0.. of partial[s][r][c] (+ bias[c]) (+ residual[r][c]):
@@ -669,9 +821,24 @@ void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stre
   }
 }
 
+template <GgmlType T, bool kSplitK>
+void launch_warp_specialized(const GemmParams& p, int splits, cudaStream_t stream) {
+  constexpr int smem = WsShape::kSmemBytes;
+  const cudaError_t attr_status =
+      cudaFuncSetAttribute(prefill_gemm_ws_kernel<T, kSplitK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr_status != cudaSuccess)
+    fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
+  const int n_per_cta = p.w_up ? 64 : 128;
+  const dim3 grid((p.m + 255) / 256, (p.n + n_per_cta - 1) / n_per_cta, splits);
+  prefill_gemm_ws_kernel<T, kSplitK><<<grid, kWsThreads, smem, stream>>>(p);
+}
+
 template <GgmlType T>
 void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
-  if (plan.m_tile == 256)  // warpgroup MMA, 128-row n-tiles (checked by the launcher)
+  if (plan.m_tile == 256 && plan.warp_specialized)
+    plan.k_splits > 1 ? launch_warp_specialized<T, true>(p, plan.k_splits, stream)
+                      : launch_warp_specialized<T, false>(p, 1, stream);
+  else if (plan.m_tile == 256)  // warpgroup MMA, 128-row n-tiles (checked by the launcher)
     launch_shaped<T, 256, 128, true>(p, plan.k_splits, stream);
   else if (plan.wgmma)
     plan.m_tile == 128 ? launch_m_tiled<T, 128, true>(p, plan, stream) : launch_m_tiled<T, 64, true>(p, plan, stream);
@@ -832,6 +999,8 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
     plan.m_tile = g.m_tile ? g.m_tile : (g.m <= 64 ? 64 : 128);
   }
   if (!g.m_tile && plan.m_tile == 128 && wide_tiles_fill(g, plan, sm_count)) plan.m_tile = 256;
+  plan.warp_specialized = plan.m_tile == 256 && (g.warp_specialized == 1 ||
+                                                 (g.warp_specialized == 0 && !env_flag("MINFER_NO_WS_GEMM")));
   // The n-tile follows the tokens actually present (it does not change any output's sums).
   plan.n_tile = plan_n_tile(g, plan, sm_count);
   return plan;
@@ -852,6 +1021,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.k_splits < 0) fail("prefill GEMM: k_splits ", g.k_splits, " is negative");
   if (g.wgmma < -1 || g.wgmma > 1) fail("prefill GEMM: wgmma ", g.wgmma, " is not -1, 0 or 1");
   if (g.wgmma == 1 && !prefill_gemm_device_has_wgmma()) fail("prefill GEMM: warpgroup MMA needs an sm_90 device");
+  if (g.warp_specialized < -1 || g.warp_specialized > 1)
+    fail("prefill GEMM: warp_specialized ", g.warp_specialized, " is not -1, 0 or 1");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
   if (!g.x) fail("prefill GEMM: null activation pointer");

@@ -130,6 +130,43 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 #endif
 }
 // Whether this compilation has warpgroup MMA (sm_90a); launchers pick the mma.sync kernel otherwise.
+// mbarrier (a 64-bit word in shared memory): init with the arrival count of a phase; arrive;
+// cp.async's arrival when the thread's earlier cp.async copies have landed (noinc: counted in the
+// init); wait until the phase of the given parity has completed.
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+// Warpgroup register budget (sm_90a): the producer gives registers back, the consumers take them.
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_registers_down() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+template <int kRegisters>
+__device__ __forceinline__ void warpgroup_registers_up() {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+#endif
+}
+
 __host__ __device__ constexpr bool device_has_wgmma() {
 #if defined(__CUDA_ARCH__) && !defined(__CUDA_ARCH_FEAT_SM90_ALL)
   return false;
