@@ -709,7 +709,7 @@ PagedCache make_cache(const std::vector<ChunkSpec>& chunks, int block_size, int6
 // Runs the chunks (rows one after another) in one launch; returns out [rows][ldo].
 std::vector<float> run_paged_attention(const PagedCache& cache, const std::vector<ChunkSpec>& chunks,
                                        const std::vector<float>& q, int64_t ldq, int64_t ldo, int n_head,
-                                       int n_kv_head, int hd, std::vector<uint16_t>* out_bf16 = nullptr) {
+                                       int n_kv_head, int hd, int wgmma, std::vector<uint16_t>* out_bf16 = nullptr) {
   std::vector<cuda::PrefillChunk> pc;
   std::vector<int32_t> tables;
   int rows = 0;
@@ -738,21 +738,28 @@ std::vector<float> run_paged_attention(const PagedCache& cache, const std::vecto
   a.tables = dtables.ptr, a.block_size = cache.block_size;
   a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(float(hd));
+  a.wgmma = wgmma;
   cuda::launch_prefill_attention(a, nullptr);
   check(cudaDeviceSynchronize(), "prefill attention");
   if (out_bf16) *out_bf16 = dout_bf16.download();
   return dout.download();
 }
 
+// The attention kernels this device runs: mma.sync (wgmma -1), and warpgroup MMA (1) on sm_90.
+std::vector<int> attention_kernels() {
+  if (cuda::prefill_gemm_device_has_wgmma()) return {-1, 1};
+  return {-1};
+}
+
 void run_attention_case(const std::vector<ChunkSpec>& chunks, int n_head, int n_kv_head, int hd, int block_size,
-                        uint64_t salt) {
+                        uint64_t salt, int wgmma) {
   const int64_t ldq = int64_t(n_head) * hd + 8, ldo = int64_t(n_head) * hd + 16, ld_kv = int64_t(n_kv_head) * hd;
   int rows = 0;
   for (const ChunkSpec& c : chunks) rows += c.m;
   const PagedCache cache = make_cache(chunks, block_size, ld_kv, salt);
   const std::vector<float> q = test::random_normal(size_t(rows * ldq), 1.0f, salt + 7);
   std::vector<uint16_t> out_bf16;
-  const std::vector<float> out = run_paged_attention(cache, chunks, q, ldq, ldo, n_head, n_kv_head, hd, &out_bf16);
+  const std::vector<float> out = run_paged_attention(cache, chunks, q, ldq, ldo, n_head, n_kv_head, hd, wgmma, &out_bf16);
 
   // Tolerance: q and the probabilities are rounded to f16 (2^-11 relative); outputs are O(1).
   const double tol = 4e-3;
@@ -781,7 +788,7 @@ void run_attention_case(const std::vector<ChunkSpec>& chunks, int n_head, int n_
           expect /= denom;
           const size_t at = qrow * ldo + size_t(h * hd + d);
           if (!(std::fabs(out[at] - expect) <= tol) && failures++ < 5)
-            ADD_FAILURE() << "chunk " << c << " m=" << chunks[c].m << " pos0=" << chunks[c].pos0 << " hd=" << hd
+            ADD_FAILURE() << "wgmma " << wgmma << " chunk " << c << " m=" << chunks[c].m << " pos0=" << chunks[c].pos0 << " hd=" << hd
                           << " head " << h << " query " << i << " d " << d << ": " << out[at] << " expected " << expect;
           if (out_bf16[at] != f32_to_bf16(out[at]) && failures++ < 5)
             ADD_FAILURE() << "bf16 plane differs from the f32 output at query " << i << " head " << h;
@@ -798,14 +805,16 @@ class PrefillAttentionHeadDim : public testing::TestWithParam<int> {};
 TEST_P(PrefillAttentionHeadDim, CausalGqaOverPagedCacheMatchesFloat64Reference) {
   REQUIRE_DEVICE();
   const int hd = GetParam();
-  uint64_t salt = 5000 + uint64_t(hd);
-  run_attention_case({{1, 0}}, 4, 2, hd, 16, salt += 100);             // one token
-  run_attention_case({{7, 37}}, 4, 1, hd, 16, salt += 100);            // pos0 > 0, one kv head for all
-  run_attention_case({{100, 0}}, 6, 2, hd, 64, salt += 100);           // partial query tile, group 3
-  run_attention_case({{130, 300}}, 4, 2, hd, 32, salt += 100);         // several query and key tiles
-  run_attention_case({{64, 64}}, 2, 2, hd, 128, salt += 100);          // tile-aligned, no GQA
-  // several sequences' chunks in one launch, each with its own block table
-  run_attention_case({{7, 37}, {100, 0}, {130, 300}, {1, 5}}, 4, 2, hd, 16, salt += 100);
+  for (const int wgmma : attention_kernels()) {
+    uint64_t salt = 5000 + uint64_t(hd);
+    run_attention_case({{1, 0}}, 4, 2, hd, 16, salt += 100, wgmma);      // one token
+    run_attention_case({{7, 37}}, 4, 1, hd, 16, salt += 100, wgmma);     // pos0 > 0, one kv head for all
+    run_attention_case({{100, 0}}, 6, 2, hd, 64, salt += 100, wgmma);    // partial query tile, group 3
+    run_attention_case({{130, 300}}, 4, 2, hd, 32, salt += 100, wgmma);  // several query and key tiles
+    run_attention_case({{64, 64}}, 2, 2, hd, 128, salt += 100, wgmma);   // tile-aligned, no GQA
+    // several sequences' chunks in one launch, each with its own block table
+    run_attention_case({{7, 37}, {100, 0}, {130, 300}, {1, 5}}, 4, 2, hd, 16, salt += 100, wgmma);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(HeadDims, PrefillAttentionHeadDim, testing::Values(64, 128));
@@ -818,13 +827,36 @@ TEST(PrefillAttention, ChunkingDoesNotChangeTheBits) {
   const int64_t ld = int64_t(n_head) * hd, ld_kv = int64_t(n_kv) * hd;
   const PagedCache cache = make_cache({{len, 0}}, 16, ld_kv, 6100);
   const std::vector<float> q = test::random_normal(size_t(len * ld), 1.0f, 6101);
-  const std::vector<float> whole = run_paged_attention(cache, {{len, 0}}, q, ld, ld, n_head, n_kv, hd);
-  int pos = 0;
-  for (int m : {64, 50, 1, 35}) {
-    const std::vector<float> part_q(q.begin() + pos * ld, q.begin() + (pos + m) * ld);
-    const std::vector<float> part = run_paged_attention(cache, {{m, pos}}, part_q, ld, ld, n_head, n_kv, hd);
-    ASSERT_EQ(std::memcmp(part.data(), whole.data() + pos * ld, size_t(m * ld) * 4), 0) << "chunk at " << pos;
-    pos += m;
+  for (const int wgmma : attention_kernels()) {
+    const std::vector<float> whole = run_paged_attention(cache, {{len, 0}}, q, ld, ld, n_head, n_kv, hd, wgmma);
+    int pos = 0;
+    for (int m : {64, 50, 1, 35}) {
+      const std::vector<float> part_q(q.begin() + pos * ld, q.begin() + (pos + m) * ld);
+      const std::vector<float> part = run_paged_attention(cache, {{m, pos}}, part_q, ld, ld, n_head, n_kv, hd, wgmma);
+      ASSERT_EQ(std::memcmp(part.data(), whole.data() + pos * ld, size_t(m * ld) * 4), 0)
+          << "wgmma " << wgmma << ", chunk at " << pos;
+      pos += m;
+    }
+  }
+}
+
+// Each output sums its k16 slices in the same order with either multiply (as the GEMM's two
+// kernels do), so warpgroup MMA reproduces the mma.sync kernel's bits: MINFER_NO_WGMMA_ATTENTION=1
+// changes no result.
+TEST(PrefillAttention, WarpgroupMmaGivesTheSameBits) {
+  REQUIRE_DEVICE();
+  if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "warpgroup MMA needs an sm_90 device";
+  for (const int hd : {64, 128}) {
+    const int n_head = 6, n_kv = 2;
+    const int64_t ld = int64_t(n_head) * hd, ld_kv = int64_t(n_kv) * hd;
+    const std::vector<ChunkSpec> chunks = {{130, 300}, {7, 37}, {64, 0}};
+    const PagedCache cache = make_cache(chunks, 16, ld_kv, 6200 + uint64_t(hd));
+    const std::vector<float> q = test::random_normal(size_t(201 * ld), 1.0f, 6201);
+    std::vector<uint16_t> plane_sync, plane_wgmma;
+    const std::vector<float> out_sync = run_paged_attention(cache, chunks, q, ld, ld, n_head, n_kv, hd, -1, &plane_sync);
+    const std::vector<float> out_wgmma = run_paged_attention(cache, chunks, q, ld, ld, n_head, n_kv, hd, 1, &plane_wgmma);
+    EXPECT_EQ(std::memcmp(out_sync.data(), out_wgmma.data(), out_sync.size() * 4), 0) << "head_dim " << hd;
+    EXPECT_EQ(plane_sync, plane_wgmma) << "head_dim " << hd;
   }
 }
 
@@ -844,6 +876,8 @@ TEST(PrefillAttention, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // q stride too small
   a.ldq = 512, a.block_size = 24;
   EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // block size not a power of two
+  a.block_size = 16, a.wgmma = 2;
+  EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // no such kernel choice
 }
 
 }  // namespace

@@ -178,7 +178,11 @@ struct PrefillAttention {
   int n_kv_head = 0;
   int head_dim = 0;  // 64 or 128
   float scale = 0;   // softmax scale, usually 1/sqrt(head_dim)
+  // Warpgroup MMA (sm_90): 0 chooses it on an sm_90 device unless MINFER_NO_WGMMA_ATTENTION is set
+  // to anything but "0"; 1 forces it (an sm_90 device only), -1 forces the mma.sync kernel.
+  int wgmma = 0;
 };
+bool prefill_attention_uses_wgmma(const PrefillAttention& a);
 
 // REQUIRES (checked): head_dim 64 or 128; n_head % n_kv_head == 0; block_size a power of two;
 // ldq, ld_kv, ldo multiples of 8 (16-byte rows) and >= n_head*head_dim (ld_kv >= n_kv*head_dim);

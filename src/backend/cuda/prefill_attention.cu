@@ -1,12 +1,17 @@
-// Causal flash attention for prefill over the f16 KV cache (online softmax, f16 mma.sync).
+// Causal flash attention for prefill over the f16 KV cache (online softmax, f16 tensor cores).
 // One CTA = 64 query tokens of one head, 4 warps of 16 queries each. K and V tiles of 64 cache
 // positions stream through a double-buffered cp.async pipeline; S = Q K^T stays in registers, is
 // turned into probabilities there and re-packed as the A operand of P V (no shared round trip).
+// Two multiply kernels, the same key tiles, masks, softmax and rounding points: mma.sync (each
+// warp its 16 rows, operands by ldmatrix) and, on sm_90, warpgroup MMA (the CTA's 128 threads are
+// one warpgroup: S by wgmma with Q and K read from shared memory, P V by wgmma with P from the S
+// registers and V read transposed from shared memory).
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
+#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -19,14 +24,26 @@ constexpr int kKeys = 64;      // cache positions per pipeline step
 constexpr int kThreads = 128;  // 4 warps x 16 query rows
 constexpr float kLog2e = 1.4426950408889634f;
 
-template <int kHeadDim>
+// A tile row is one head vector of f16. mma.sync: rows of kHeadDim / 8 16-byte chunks, chunk c of
+// row r at c ^ (r & 7). Warpgroup MMA: panels of 64 rows x 64 elements (128-byte rows, the
+// 128-byte-swizzle layout wgmma reads), a 128-element head vector in two panels 8 KB apart; the
+// tiles start 1024-byte aligned (kSmemBytes holds the padding).
+template <int kHeadDim, bool kWgmma>
 struct AttentionShape {
-  using Tile = SwizzledTile<kHeadDim / 8>;  // one row = one head vector of f16
-  static constexpr int kTileBytes = kKeys * Tile::kRowBytes;
+  static_assert(kQueries == 64 && kKeys == 64, "a panel is 64 rows");
+  using Tile = SwizzledTile<kHeadDim / 8>;
+  using Panel = SwizzledTile<8>;
+  static constexpr int kPanelBytes = 64 * Panel::kRowBytes;
+  static constexpr int kTileBytes = kKeys * Tile::kRowBytes;  // the same bytes in either layout
   static constexpr int kQBytes = kQueries * Tile::kRowBytes;
-  static constexpr int kSmemBytes = kQBytes + 4 * kTileBytes;  // Q, K[2], V[2]
+  static_assert(kHeadDim / 64 * kPanelBytes == kTileBytes, "a tile is whole panels");
+  static constexpr int kSmemBytes = kQBytes + 4 * kTileBytes + (kWgmma ? 1024 : 0);  // Q, K[2], V[2]
   static constexpr int kDSteps = kHeadDim / 16;   // k16 steps of Q K^T
   static constexpr int kDFrags = kHeadDim / 8;    // n8 fragments of the output
+  __device__ static uint32_t offset(int row, int chunk) {
+    if constexpr (kWgmma) return uint32_t((chunk / 8) * kPanelBytes) + Panel::offset(row, chunk % 8);
+    else return Tile::offset(row, chunk);
+  }
 };
 
 struct AttentionParams {
@@ -47,14 +64,16 @@ struct AttentionParams {
 };
 
 // REQUIRES: blockDim.x == kThreads; gridDim = (n_head, number of tiles); dynamic shared memory
-// AttentionShape<kHeadDim>::kSmemBytes. blockIdx.y is the tile (the host orders them longest
-// causal range first).
-template <int kHeadDim>
+// AttentionShape<kHeadDim, kWgmma>::kSmemBytes. blockIdx.y is the tile (the host orders them
+// longest causal range first). kWgmma: sm_90a (other compilations trap).
+template <int kHeadDim, bool kWgmma>
 __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const AttentionParams p) {
-  using Shape = AttentionShape<kHeadDim>;
-  using Tile = typename Shape::Tile;
+  using Shape = AttentionShape<kHeadDim, kWgmma>;
   constexpr int kChunks = kHeadDim / 8;
-  extern __shared__ __align__(128) uint8_t smem[];
+  if constexpr (kWgmma && !device_has_wgmma()) __trap();
+  extern __shared__ __align__(128) uint8_t smem_raw[];
+  const uint32_t smem_pad = kWgmma ? (1024u - (shared_address(smem_raw) & 1023u)) & 1023u : 0u;
+  uint8_t* const smem = smem_raw + smem_pad;
   const uint32_t q_smem = shared_address(smem);
   const uint32_t k_smem = q_smem + Shape::kQBytes;
   const uint32_t v_smem = k_smem + 2 * Shape::kTileBytes;
@@ -80,7 +99,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
       const bool valid = pos < kv_end;  // past it: zero-filled, never read
       const int64_t slot = valid ? int64_t(table[pos >> block_shift]) * p.block_size + (pos & (p.block_size - 1)) : 0;
       const int64_t offset = slot * p.ld_kv + kv_head * kHeadDim + chunk * 8;
-      const uint32_t dst = buffer * Shape::kTileBytes + Tile::offset(row, chunk);
+      const uint32_t dst = buffer * Shape::kTileBytes + Shape::offset(row, chunk);
       cp_async16(k_smem + dst, p.k_cache + offset, valid);
       cp_async16(v_smem + dst, p.v_cache + offset, valid);
     }
@@ -97,15 +116,17 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
       lo = src[0], hi = src[1];
     }
     const float s = p.scale_log2;
-    *reinterpret_cast<uint4*>(smem + Tile::offset(row, chunk)) =
+    *reinterpret_cast<uint4*>(smem + Shape::offset(row, chunk)) =
         make_uint4(pack_f16x2(lo.x * s, lo.y * s), pack_f16x2(lo.z * s, lo.w * s),
                    pack_f16x2(hi.x * s, hi.y * s), pack_f16x2(hi.z * s, hi.w * s));
   }
+  if constexpr (kWgmma) fence_proxy_async_shared();  // the Q stores, for the tensor cores
   __syncthreads();
-  uint32_t qf[Shape::kDSteps][4];
+  uint32_t qf[kWgmma ? 1 : Shape::kDSteps][4];  // mma.sync: the warp's Q fragments
+  if constexpr (!kWgmma)
 #pragma unroll
-  for (int kk = 0; kk < Shape::kDSteps; ++kk)
-    ldmatrix_x4(qf[kk], q_smem + Tile::offset(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
+    for (int kk = 0; kk < Shape::kDSteps; ++kk)
+      ldmatrix_x4(qf[kk], q_smem + Shape::offset(warp * 16 + (lane & 15), 2 * kk + (lane >> 4)));
 
   // This thread's two query rows (fragment rows lane/4 and lane/4 + 8) and their causal limits.
   int limit[2];
@@ -123,6 +144,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
 
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<0>();
+    if constexpr (kWgmma) fence_proxy_async_shared();  // this thread's copies, for the tensor cores
     // After this barrier the tile of `step` is visible and every warp is done with step - 1's buffer.
     __syncthreads();
     if (step + 1 < steps) load_kv(step + 1, (step + 1) & 1);
@@ -137,15 +159,29 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
     for (int j = 0; j < kKeys / 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[j][e] = 0.0f;
+    if constexpr (kWgmma) {  // the m64n64 accumulators are s[j][e] in the mma.sync layout, warp by warp
+      float(&s_flat)[kKeys / 2] = reinterpret_cast<float(&)[kKeys / 2]>(s);
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Shape::kDSteps; ++kk) {
+      for (int kk = 0; kk < Shape::kDSteps; ++kk) {
+        const uint32_t k_offset = uint32_t((kk / 4) * Shape::kPanelBytes + (kk % 4) * 32);
+        wgmma_f16_n64(s_flat, sw128_descriptor(q_smem + k_offset), sw128_descriptor(k_tile + k_offset));
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
 #pragma unroll
-      for (int j = 0; j < kKeys / 16; ++j) {
-        uint32_t kb[4];
-        ldmatrix_x4(kb, k_tile + Tile::offset(j * 16 + (lane & 7) + ((lane >> 4) << 3),
-                                              2 * kk + ((lane >> 3) & 1)));
-        mma_f16(s[2 * j], qf[kk], kb[0], kb[1]);
-        mma_f16(s[2 * j + 1], qf[kk], kb[2], kb[3]);
+      for (int e = 0; e < kKeys / 2; ++e) fence_operand(s_flat[e]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < Shape::kDSteps; ++kk) {
+#pragma unroll
+        for (int j = 0; j < kKeys / 16; ++j) {
+          uint32_t kb[4];
+          ldmatrix_x4(kb, k_tile + Shape::offset(j * 16 + (lane & 7) + ((lane >> 4) << 3),
+                                                 2 * kk + ((lane >> 3) & 1)));
+          mma_f16(s[2 * j], qf[kk], kb[0], kb[1]);
+          mma_f16(s[2 * j + 1], qf[kk], kb[2], kb[3]);
+        }
       }
     }
 
@@ -180,19 +216,37 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
     }
 
     // O += P V: the S accumulators of n-fragments 2t, 2t+1 form the A fragment of keys 16t..16t+15.
+    uint32_t pa[kKeys / 16][4];
 #pragma unroll
     for (int t = 0; t < kKeys / 16; ++t) {
-      const uint32_t pa[4] = {pack_f16x2(s[2 * t][0], s[2 * t][1]), pack_f16x2(s[2 * t][2], s[2 * t][3]),
-                              pack_f16x2(s[2 * t + 1][0], s[2 * t + 1][1]),
-                              pack_f16x2(s[2 * t + 1][2], s[2 * t + 1][3])};
+      pa[t][0] = pack_f16x2(s[2 * t][0], s[2 * t][1]), pa[t][1] = pack_f16x2(s[2 * t][2], s[2 * t][3]);
+      pa[t][2] = pack_f16x2(s[2 * t + 1][0], s[2 * t + 1][1]), pa[t][3] = pack_f16x2(s[2 * t + 1][2], s[2 * t + 1][3]);
+    }
+    if constexpr (kWgmma) {  // V's 16 key rows of slice t: two 8-row atoms from row 16t of its panels
+      float(&o_flat)[kHeadDim / 2] = reinterpret_cast<float(&)[kHeadDim / 2]>(o);
+      wgmma_fence();
 #pragma unroll
-      for (int dj = 0; dj < kHeadDim / 16; ++dj) {
-        uint32_t vb[4];
-        ldmatrix_x4_trans(vb, v_tile + Tile::offset(t * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
-                                                    2 * dj + (lane >> 4)));
-        mma_f16(o[2 * dj], pa, vb[0], vb[1]);
-        mma_f16(o[2 * dj + 1], pa, vb[2], vb[3]);
-      }
+      for (int t = 0; t < kKeys / 16; ++t)
+        wgmma_f16_regs_a_mn_b<kHeadDim>(o_flat, pa[t], sw128_mn_descriptor(v_tile + uint32_t(t * 16 * 128), Shape::kPanelBytes));
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < kHeadDim / 2; ++e) fence_operand(o_flat[e]);
+#pragma unroll
+      for (int t = 0; t < kKeys / 16; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(pa[t][e]);
+    } else {
+#pragma unroll
+      for (int t = 0; t < kKeys / 16; ++t)
+#pragma unroll
+        for (int dj = 0; dj < kHeadDim / 16; ++dj) {
+          uint32_t vb[4];
+          ldmatrix_x4_trans(vb, v_tile + Shape::offset(t * 16 + (lane & 7) + ((lane >> 3) & 1) * 8,
+                                                       2 * dj + (lane >> 4)));
+          mma_f16(o[2 * dj], pa[t], vb[0], vb[1]);
+          mma_f16(o[2 * dj + 1], pa[t], vb[2], vb[3]);
+        }
     }
   }
 
@@ -216,15 +270,15 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
   }
 }
 
-template <int kHeadDim>
+template <int kHeadDim, bool kWgmma>
 void launch_head_dim(const AttentionParams& p, int n_head, int n_tiles, cudaStream_t stream) {
-  constexpr int smem = AttentionShape<kHeadDim>::kSmemBytes;
+  constexpr int smem = AttentionShape<kHeadDim, kWgmma>::kSmemBytes;
   // Per call, for the current device (the attribute is per device, and cheap to set).
   const cudaError_t attr_status = cudaFuncSetAttribute(
-      prefill_attention_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      prefill_attention_kernel<kHeadDim, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr_status != cudaSuccess)
     fail("prefill attention: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
-  prefill_attention_kernel<kHeadDim><<<dim3(n_head, n_tiles), kThreads, smem, stream>>>(p);
+  prefill_attention_kernel<kHeadDim, kWgmma><<<dim3(n_head, n_tiles), kThreads, smem, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail("CUDA kernel prefill attention: ", cudaGetErrorString(e));
 }
@@ -233,7 +287,14 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 
 }  // namespace
 
+bool prefill_attention_uses_wgmma(const PrefillAttention& a) {
+  if (a.wgmma == 1) return true;
+  return a.wgmma == 0 && !env_flag("MINFER_NO_WGMMA_ATTENTION") && prefill_gemm_device_has_wgmma();
+}
+
 void launch_prefill_attention(const PrefillAttention& a, cudaStream_t stream) {
+  if (a.wgmma < -1 || a.wgmma > 1) fail("prefill attention: wgmma ", a.wgmma, " is not -1, 0 or 1");
+  if (a.wgmma == 1 && !prefill_gemm_device_has_wgmma()) fail("prefill attention: warpgroup MMA needs an sm_90 device");
   if (a.head_dim != 64 && a.head_dim != 128)
     fail("prefill attention: head_dim ", a.head_dim, " is not supported (64 or 128)");
   if (a.n_head <= 0 || a.n_kv_head <= 0 || a.n_head % a.n_kv_head != 0)
@@ -254,10 +315,11 @@ void launch_prefill_attention(const PrefillAttention& a, cudaStream_t stream) {
   const AttentionParams p{a.q, a.ldq, reinterpret_cast<const __half*>(a.k_cache),
                           reinterpret_cast<const __half*>(a.v_cache), a.ld_kv, a.out, a.out_bf16, a.ldo,
                           a.chunks, a.tiles, a.tables, a.block_size, a.n_head / a.n_kv_head, a.scale * kLog2e};
+  const bool wgmma = prefill_attention_uses_wgmma(a);
   if (a.head_dim == 64)
-    launch_head_dim<64>(p, a.n_head, a.n_tiles, stream);
+    wgmma ? launch_head_dim<64, true>(p, a.n_head, a.n_tiles, stream) : launch_head_dim<64, false>(p, a.n_head, a.n_tiles, stream);
   else
-    launch_head_dim<128>(p, a.n_head, a.n_tiles, stream);
+    wgmma ? launch_head_dim<128, true>(p, a.n_head, a.n_tiles, stream) : launch_head_dim<128, false>(p, a.n_head, a.n_tiles, stream);
 }
 
 std::vector<PrefillTile> prefill_attention_tiles(std::span<const PrefillChunk> chunks) {
