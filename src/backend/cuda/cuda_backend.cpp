@@ -686,10 +686,9 @@ struct CudaBackend::Impl {
     size_t used = 0;  // of the split-K workspace: the group's total covers every run at once
     for (size_t i = 0; i < runs.size(); ++i) {
       PrefillGemm& g = runs[i];
-      const size_t need = prefill_gemm_workspace_bytes(g);
       g.workspace = gemm_workspace.get() + used / sizeof(float);
       g.workspace_bytes = gemm_workspace.bytes() - used;
-      if (beside) used += (need + 255) / 256 * 256;
+      if (beside) used += (prefill_gemm_workspace_bytes(g) + 255) / 256 * 256;
       launch_prefill_gemm(g, beside && i > 0 ? side_stream.get() : s.stream);
     }
     if (beside) {

@@ -528,18 +528,28 @@ void launch_draw_softmax(const float* x, int64_t ld, int width, const DrawJob* j
 }
 
 // ---- rope / kv -------------------------------------------------------------------------------
+// Pair p of a row rotated in place at position pos; its columns and values come back (for a KV write).
+struct RopedPair {
+  int r0, r1;
+  float a, b;
+};
+__device__ __forceinline__ RopedPair rope_pair(float* row, int p, const RopeParams& rp, int pos) {
+  RopedPair r;
+  int j;
+  rope_pair_index(p, rp.head_dim, rp.neox, r.r0, r.r1, j);
+  r.a = row[r.r0], r.b = row[r.r1];
+  rope_rotate(r.a, r.b, pos, rp.inv_freq[j]);
+  row[r.r0] = r.a;
+  row[r.r1] = r.b;
+  return r;
+}
+
 __global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const int32_t* positions) {
   await_predecessor();
   const int t = blockIdx.y;
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
   if (p >= n_heads * rp.head_dim / 2) return;
-  int r0, r1, j;
-  rope_pair_index(p, rp.head_dim, rp.neox, r0, r1, j);
-  float* row = x + size_t(t) * ld;
-  float a = row[r0], b = row[r1];
-  rope_rotate(a, b, positions[t], rp.inv_freq[j]);
-  row[r0] = a;
-  row[r1] = b;
+  rope_pair(x + size_t(t) * ld, p, rp, positions[t]);
 }
 
 void launch_rope(float* x, int ld, int n_tokens, int n_heads, const RopeParams& rp,
@@ -561,7 +571,7 @@ __global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, con
 }
 
 // Thread p of row t: q pair p, else k pair p - q_pairs (also into the K cache), else v pair
-// p - q_pairs - k_pairs into the V cache; rope_rotate and f2h as in rope_kernel and kv_append_kernel.
+// p - q_pairs - k_pairs into the V cache; rope_pair and f2h as in rope_kernel and kv_append_kernel.
 __global__ void rope_kv_kernel(float* q, int ldq, float* k, const float* v, int ld_kv, int n_q_heads, RopeParams rp,
                                KvLayer kv, const int32_t* positions, const int32_t* slots) {
   await_predecessor();
@@ -578,16 +588,11 @@ __global__ void rope_kv_kernel(float* q, int ldq, float* k, const float* v, int 
     return;
   }
   const bool is_q = p < q_pairs;
-  int r0, r1, j;
-  rope_pair_index(is_q ? p : p - q_pairs, rp.head_dim, rp.neox, r0, r1, j);
   float* row = is_q ? q + size_t(t) * ldq : k + size_t(t) * ld_kv;
-  float a = row[r0], b = row[r1];
-  rope_rotate(a, b, positions[t], rp.inv_freq[j]);
-  row[r0] = a;
-  row[r1] = b;
+  const RopedPair r = rope_pair(row, is_q ? p : p - q_pairs, rp, positions[t]);
   if (!is_q) {
-    kv.k[kv_index(kv, r0, slot)] = f2h(a);
-    kv.k[kv_index(kv, r1, slot)] = f2h(b);
+    kv.k[kv_index(kv, r.r0, slot)] = f2h(r.a);
+    kv.k[kv_index(kv, r.r1, slot)] = f2h(r.b);
   }
 }
 void launch_rope_kv(float* q, int ldq, float* k, const float* v, int ld_kv, int n_tokens, int n_q_heads,

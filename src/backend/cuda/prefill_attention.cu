@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
   constexpr int kChunks = kHeadDim / 8;
   if constexpr (kWgmma && !device_has_wgmma()) __trap();
   extern __shared__ __align__(128) uint8_t smem_raw[];
-  const uint32_t smem_pad = kWgmma ? (1024u - (shared_address(smem_raw) & 1023u)) & 1023u : 0u;
+  const uint32_t smem_pad = kWgmma ? pad_to_1024(shared_address(smem_raw)) : 0u;
   uint8_t* const smem = smem_raw + smem_pad;
   const uint32_t q_smem = shared_address(smem);
   const uint32_t k_smem = q_smem + Shape::kQBytes;
@@ -273,11 +273,7 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
 template <int kHeadDim, bool kWgmma>
 void launch_head_dim(const AttentionParams& p, int n_head, int n_tiles, cudaStream_t stream) {
   constexpr int smem = AttentionShape<kHeadDim, kWgmma>::kSmemBytes;
-  // Per call, for the current device (the attribute is per device, and cheap to set).
-  const cudaError_t attr_status = cudaFuncSetAttribute(
-      prefill_attention_kernel<kHeadDim, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr_status != cudaSuccess)
-    fail("prefill attention: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
+  reserve_dynamic_shared_memory(prefill_attention_kernel<kHeadDim, kWgmma>, smem, "prefill attention");
   prefill_attention_kernel<kHeadDim, kWgmma><<<dim3(n_head, n_tiles), kThreads, smem, stream>>>(p);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) fail("CUDA kernel prefill attention: ", cudaGetErrorString(e));

@@ -91,6 +91,17 @@ __device__ __forceinline__ GemmSegment segment_at(const GemmParams& p, int col, 
   return p.seg[0];
 }
 
+// The weight row that row `tile_row` of a CTA's weight tile decodes, for the n-tile from launch
+// column n0 in segment seg (whose first column is seg_n0). SwiGLU: the tile's 32-row groups
+// alternate gate and up rows of the CTA's 64 output columns. Rows past the matrix decode its last
+// row (valid memory; their columns are never stored).
+__device__ __forceinline__ const uint8_t* weight_tile_row(const GemmParams& p, const GemmSegment& seg, int seg_n0,
+                                                          int n0, int tile_row, bool swiglu) {
+  const int matrix_row = (swiglu ? n0 + (tile_row / 64) * 32 + tile_row % 32 : n0 + tile_row) - seg_n0;
+  const uint8_t* matrix = swiglu && (tile_row / 32) % 2 ? p.w_up : seg.w;
+  return matrix + int64_t(min(matrix_row, seg.n_end - seg_n0 - 1)) * p.w_row_bytes;
+}
+
 // ---- weight decoding: 64 consecutive K elements of one row -> 8 chunks of 8 bf16 ----------------
 
 // The quants are unpacked four at a time: whole-word shifts and masks leave one quant in each
@@ -472,7 +483,7 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
   constexpr int kThreads = Shape::kThreads;
   if constexpr (kWgmma && !device_has_wgmma()) __trap();
   extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t smem_pad = kWgmma ? (1024u - (shared_address(smem) & 1023u)) & 1023u : 0u;
+  const uint32_t smem_pad = kWgmma ? pad_to_1024(shared_address(smem)) : 0u;
   const uint32_t a_smem = shared_address(smem) + smem_pad;
   const uint32_t b_smem = a_smem + kAStages * Shape::kAStageBytes;
   uint8_t* b_smem_ptr = smem + smem_pad + kAStages * Shape::kAStageBytes;
@@ -512,13 +523,11 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
     }
   };
 
-  // Thread tid decodes part tid % kParts of weight row tid / kParts (adjacent threads, adjacent
-  // bytes). Rows past n decode the last row (valid memory); their columns are never stored.
+  // Thread tid decodes part tid % kParts of weight tile row tid / kParts (adjacent threads,
+  // adjacent bytes).
   constexpr int kParts = Shape::kParts;
   const int w_tile_row = tid / kParts, w_part = tid % kParts;
-  const int w_matrix_row = (swiglu ? n0 + (w_tile_row / 64) * 32 + w_tile_row % 32 : n0 + w_tile_row) - seg_n0;
-  const uint8_t* w_matrix = swiglu && (w_tile_row / 32) % 2 ? p.w_up : seg.w;
-  const uint8_t* w_row = w_matrix + int64_t(min(w_matrix_row, seg.n_end - seg_n0 - 1)) * p.w_row_bytes;
+  const uint8_t* w_row = weight_tile_row(p, seg, seg_n0, n0, w_tile_row, swiglu);
   WeightChunk<T, kParts> weights;
   auto store_b = [&](int buffer) {
     uint8_t* dst = b_smem_ptr + buffer * Shape::kBBufferBytes;
@@ -651,7 +660,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
   if constexpr (!device_has_wgmma()) __trap();
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t base = shared_address(smem);
-  const uint32_t pad = (1024u - (base & 1023u)) & 1023u;
+  const uint32_t pad = pad_to_1024(base);
   const uint32_t tiles = base + pad;
   uint8_t* const tiles_ptr = smem + pad;
   const uint32_t barriers = tiles + kWsStages * WsShape::kStageBytes;
@@ -679,12 +688,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
   constexpr int kProducerGroups = kWsProducerThreads / 128;
   if (warp_group < kProducerGroups) {  // producer
     warpgroup_registers_down<kWsProducerRegisters>();
-    // Part tid % kParts of weight tile row tid / kParts (the SwiGLU interleave as in prefill_gemm_kernel).
+    // Part tid % kParts of weight tile row tid / kParts.
     constexpr int kParts = kWsProducerThreads / 128;
     const int w_tile_row = tid / kParts, w_part = tid % kParts;
-    const int w_matrix_row = (swiglu ? n0 + (w_tile_row / 64) * 32 + w_tile_row % 32 : n0 + w_tile_row) - seg_n0;
-    const uint8_t* w_matrix = swiglu && (w_tile_row / 32) % 2 ? p.w_up : seg.w;
-    const uint8_t* w_row = w_matrix + int64_t(min(w_matrix_row, seg.n_end - seg_n0 - 1)) * p.w_row_bytes;
+    const uint8_t* w_row = weight_tile_row(p, seg, seg_n0, n0, w_tile_row, swiglu);
     // Activation chunk tid % 8 of rows tid / 8 + kRowsPerPass i: one source pointer and one
     // swizzled offset, each copy kRowsPerPass rows further (a multiple of 8: the same swizzle).
     constexpr int kRowsPerPass = kWsProducerThreads / kChunksPerRow;
@@ -796,11 +803,7 @@ __global__ void splitk_reduce_kernel(const GemmParams p, int splits) {
 template <GgmlType T, int kBM, int kBN, bool kSplitK, bool kWgmma>
 void launch_typed(const GemmParams& p, int splits, cudaStream_t stream) {
   constexpr int smem = GemmShape<kBM, kBN>::kSmemBytes + (kWgmma ? 1024 : 0);
-  // Per call, for the current device (the attribute is per device, and cheap to set).
-  const cudaError_t attr_status = cudaFuncSetAttribute(
-      prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr_status != cudaSuccess)
-    fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
+  reserve_dynamic_shared_memory(prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma>, smem, "prefill GEMM");
   const int n_per_cta = p.w_up ? kBN / 2 : kBN;  // SwiGLU: a gate and an up row per output column
   const dim3 grid((p.m + kBM - 1) / kBM, (p.n + n_per_cta - 1) / n_per_cta, splits);
   prefill_gemm_kernel<T, kBM, kBN, kSplitK, kWgmma><<<grid, GemmShape<kBM, kBN>::kThreads, smem, stream>>>(p);
@@ -824,10 +827,7 @@ void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stre
 template <GgmlType T, bool kSplitK>
 void launch_warp_specialized(const GemmParams& p, int splits, cudaStream_t stream) {
   constexpr int smem = WsShape::kSmemBytes;
-  const cudaError_t attr_status =
-      cudaFuncSetAttribute(prefill_gemm_ws_kernel<T, kSplitK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr_status != cudaSuccess)
-    fail("prefill GEMM: cannot reserve ", smem, " bytes of shared memory: ", cudaGetErrorString(attr_status));
+  reserve_dynamic_shared_memory(prefill_gemm_ws_kernel<T, kSplitK>, smem, "prefill GEMM");
   const int n_per_cta = p.w_up ? 64 : 128;
   const dim3 grid((p.m + 255) / 256, (p.n + n_per_cta - 1) / n_per_cta, splits);
   prefill_gemm_ws_kernel<T, kSplitK><<<grid, kWsThreads, smem, stream>>>(p);

@@ -4,8 +4,19 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "util/error.h"
 
 namespace minfer::cuda::prefill_detail {
+
+// Lets `kernel` take `bytes` of dynamic shared memory on the current device, set per call (the
+// attribute is per device, and cheap to set); `what` names the launch in the error.
+template <typename Kernel>
+void reserve_dynamic_shared_memory(Kernel kernel, int bytes, const char* what) {
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (e != cudaSuccess) fail(what, ": cannot reserve ", bytes, " bytes of shared memory: ", cudaGetErrorString(e));
+}
 
 __device__ __forceinline__ uint32_t shared_address(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -55,6 +66,10 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+
+// Bytes from a shared address to the next 1024-byte boundary: wgmma's 128-byte swizzle is computed
+// from address bits, so its tiles start 1024-byte aligned (launchers ask for 1024 bytes more).
+__device__ __forceinline__ uint32_t pad_to_1024(uint32_t addr) { return (1024u - (addr & 1023u)) & 1023u; }
 
 // ---- warpgroup MMA (sm_90a): both operands in shared memory ------------------------------------
 // The operands are SwizzledTile<8> tiles (rows of 128 bytes, 16-byte chunk c of row r at c ^ (r & 7)),
