@@ -378,7 +378,9 @@ TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
 // The warp-specialized 256-token kernel (two producer warpgroups, two consumers) gives the bits of
 // the kernel whose warpgroups both dequantize and multiply: single pass with bias and residual,
 // 3 K slices (7, 7 and 6 steps: the producers' step pairs end on an odd step too), the SwiGLU
-// epilogue; a partial last m-tile and n-tile (m = 300, n = 264).
+// epilogue; a partial last m-tile and n-tile (m = 300, n = 264). Persistent: one CTA a tile here
+// (fewer tiles than SMs), and two CTAs walking all 6 or 18 tiles, so the ring's stages and phases
+// carry from one tile to the next and the producers fill a tile while the consumers store one.
 TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
   REQUIRE_DEVICE();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "256-token tiles need warpgroup MMA";
@@ -390,8 +392,8 @@ TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
   const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9804);
   std::vector<uint16_t> x_bf16(x.size());
   for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
-  DeviceBuffer<uint16_t> dx(x_bf16), plane1(size_t(m * n)), plane2(size_t(m * n));
-  DeviceBuffer<float> y1(size_t(m * n)), y2(size_t(m * n)), workspace(size_t(3 * m * n));
+  DeviceBuffer<uint16_t> dx(x_bf16), plane_ref(size_t(m * n)), plane(size_t(m * n));
+  DeviceBuffer<float> y_ref(size_t(m * n)), y(size_t(m * n)), workspace(size_t(3 * m * n));
   for (const char* what : {"single pass", "split-K", "SwiGLU"}) {
     PrefillGemm g;
     g.w_type = type, g.w = w.ptr, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m, g.ldy = n;
@@ -401,21 +403,25 @@ TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
     } else {
       g.bias = bias.ptr, g.residual = residual.ptr, g.k_splits = std::string(what) == "split-K" ? 3 : 1;
     }
-    for (const int ws : {1, -1}) {
-      DeviceBuffer<float>& y = ws == 1 ? y1 : y2;
-      DeviceBuffer<uint16_t>& plane = ws == 1 ? plane1 : plane2;
-      g.warp_specialized = ws, g.y = y.ptr;
-      if (g.w_up) g.y_bf16 = plane.ptr;
-      y.fill_bytes(0xFF);
-      plane.fill_bytes(0xFF);
+    const auto run = [&](int ws, int ctas, DeviceBuffer<float>& out, DeviceBuffer<uint16_t>& out_plane) {
+      g.warp_specialized = ws, g.ctas = ctas, g.y = out.ptr;
+      if (g.w_up) g.y_bf16 = out_plane.ptr;
+      out.fill_bytes(0xFF);
+      out_plane.fill_bytes(0xFF);
       ASSERT_EQ(cuda::prefill_gemm_plan(g).warp_specialized, ws == 1) << what;
       cuda::launch_prefill_gemm(g, nullptr);
       check(cudaDeviceSynchronize(), what);
+    };
+    run(-1, 0, y_ref, plane_ref);
+    const std::vector<float> a = y_ref.download();
+    const std::vector<uint16_t> pa = plane_ref.download();
+    for (const int ctas : {0, 2}) {
+      run(1, ctas, y, plane);
+      const std::vector<float> b = y.download();
+      const std::vector<uint16_t> pb = plane.download();
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << type_traits(type).name << " " << what << " ctas " << ctas;
+      EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 2), 0) << type_traits(type).name << " " << what << " ctas " << ctas;
     }
-    const std::vector<float> a = y1.download(), b = y2.download();
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << type_traits(type).name << " " << what;
-    const std::vector<uint16_t> pa = plane1.download(), pb = plane2.download();
-    EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 2), 0) << type_traits(type).name << " " << what;
   }
 }
 

@@ -97,6 +97,9 @@ struct PrefillGemm {
   // but "0"; 1 forces it, -1 the kernel whose warpgroups both dequantize and multiply. The same
   // bits either way.
   int warp_specialized = 0;
+  // Warp-specialized tiles run persistent: 0 launches one CTA an SM, each walking the launch's
+  // tiles in turn; n > 0 launches at most n (tests: several tiles a CTA).
+  int ctas = 0;
   // Split-K: the K loop is cut into k_splits slices run by separate CTAs; each writes its f32
   // partial tile to the workspace and a second kernel sums the slices in slice order (then + bias,
   // then + residual), so results are deterministic run to run. 0: chosen from the grid size (1
@@ -130,6 +133,7 @@ struct PrefillGemmPlan {
   int k_splits = 1;
   bool wgmma = false;
   bool warp_specialized = false;  // 256-token tiles: producer and consumer warpgroups
+  int ctas = 0;                   // warp-specialized: the persistent grid
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
 // Workspace bytes launch_prefill_gemm(g) needs (0 without split-K).

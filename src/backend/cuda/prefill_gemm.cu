@@ -392,7 +392,7 @@ struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weig
 // tile_col_of(j) + e % 2 of the launch (segment seg from its column seg_n0 on): the SwiGLU
 // product and its bf16 plane, the split-K partial plane, or bias + residual into the output.
 template <bool kCanSwiGLU, bool kSplitK, int kAccM, int kAccN, typename RowOf, typename TileColOf>
-__device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[kAccM][kAccN][4], int n0,
+__device__ __forceinline__ void store_tile(const GemmParams& p, const float (&acc)[kAccM][kAccN][4], int n0, int slice,
                                            const GemmSegment& seg, int seg_n0, bool swiglu, RowOf row_of,
                                            TileColOf tile_col_of) {
   const auto col_of = [&](int j) { return n0 + tile_col_of(j); };
@@ -421,7 +421,7 @@ __device__ __forceinline__ void store_tile(const GemmParams& p, const float (&ac
     }
   }
   if constexpr (kSplitK) {
-    float* plane = p.partial + int64_t(blockIdx.z) * p.m * p.n;
+    float* plane = p.partial + int64_t(slice) * p.m * p.n;
 #pragma unroll
     for (int i = 0; i < kAccM; ++i)
 #pragma unroll
@@ -626,7 +626,7 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
   const auto tile_col_of = [&](int j) {
     return kWgmma ? j * 8 + 2 * (lane & 3) : warp_n * Shape::kWarpN + j * 8 + 2 * (lane & 3);
   };
-  store_tile<kCanSwiGLU, kSplitK>(p, acc, n0, seg, seg_n0, swiglu, row_of, tile_col_of);
+  store_tile<kCanSwiGLU, kSplitK>(p, acc, n0, int(blockIdx.z), seg, seg_n0, swiglu, row_of, tile_col_of);
 }
 
 // ---- warp-specialized 256 x 128 tiles ------------------------------------------------------------
@@ -655,6 +655,33 @@ struct WsShape {
   static constexpr int kSmemBytes = kWsStages * kStageBytes + 2 * kWsStages * 8 + 1024;  // + barriers, alignment
 };
 
+// The launch's work items: 256-token m-tile (fastest, so the CTAs that share a weight slice run
+// together), n-tile of 128 columns (64 SwiGLU outputs), K slice. A CTA takes items blockIdx.x,
+// blockIdx.x + gridDim.x, ... (persistent: the producers fill the next tile's stages while the
+// consumers store this one's).
+struct WsWork {
+  struct Tile {
+    int m0, n0, slice, first_step, steps;
+  };
+  int m_tiles, n_tiles, items, k_steps, slice_steps;
+  int n_per_tile;
+  __device__ WsWork(const GemmParams& p, bool swiglu)
+      : m_tiles((p.m + 255) / 256), n_tiles(0), items(0), k_steps(p.k / kBK), slice_steps(p.slice_steps),
+        n_per_tile(swiglu ? 64 : 128) {
+    n_tiles = (p.n + n_per_tile - 1) / n_per_tile;
+    items = m_tiles * n_tiles * ((k_steps + slice_steps - 1) / slice_steps);
+  }
+  __device__ Tile tile(int item) const {
+    Tile t;
+    t.m0 = item % m_tiles * 256;
+    t.n0 = item / m_tiles % n_tiles * n_per_tile;
+    t.slice = item / (m_tiles * n_tiles);
+    t.first_step = t.slice * slice_steps;
+    t.steps = min(slice_steps, k_steps - t.first_step);
+    return t;
+  }
+};
+
 template <GgmlType T, bool kSplitK>
 __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const GemmParams p) {
   if constexpr (!device_has_wgmma()) __trap();
@@ -672,11 +699,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
   const int tid = threadIdx.x, warp_group = tid / 128;
   constexpr bool kCanSwiGLU = !kSplitK;
   const bool swiglu = kCanSwiGLU && p.w_up != nullptr;
-  const int m0 = blockIdx.x * 256, n0 = blockIdx.y * (swiglu ? 64 : 128);
-  int seg_n0;
-  const GemmSegment seg = segment_at(p, n0, seg_n0);
-  const int first_step = kSplitK ? int(blockIdx.z) * p.slice_steps : 0;
-  const int steps = kSplitK ? min(p.slice_steps, p.k / kBK - first_step) : p.k / kBK;
+  const WsWork work(p, swiglu);
 
   if (tid == 0)
     for (int s = 0; s < kWsStages; ++s) {
@@ -685,49 +708,58 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
     }
   __syncthreads();  // the last block-wide barrier: the warpgroups part here
 
+  // Both roles walk the same work items and count the ring's steps across them (`ring`: the
+  // CTA's steps before this item), so stage and phase carry from one tile to the next.
   constexpr int kProducerGroups = kWsProducerThreads / 128;
   if (warp_group < kProducerGroups) {  // producer
     warpgroup_registers_down<kWsProducerRegisters>();
     // Part tid % kParts of weight tile row tid / kParts.
     constexpr int kParts = kWsProducerThreads / 128;
     const int w_tile_row = tid / kParts, w_part = tid % kParts;
-    const uint8_t* w_row = weight_tile_row(p, seg, seg_n0, n0, w_tile_row, swiglu);
     // Activation chunk tid % 8 of rows tid / 8 + kRowsPerPass i: one source pointer and one
     // swizzled offset, each copy kRowsPerPass rows further (a multiple of 8: the same swizzle).
     constexpr int kRowsPerPass = kWsProducerThreads / kChunksPerRow;
     const int a_row = tid / kChunksPerRow, a_chunk = tid % kChunksPerRow;
-    const int a_rows_valid = p.m - m0 - a_row;  // copies i with kRowsPerPass i < this are in range
-    const uint16_t* a_src = p.x + int64_t(min(m0 + a_row, p.m - 1)) * p.ldx + first_step * kBK + a_chunk * 8;
-    const int64_t a_pass_stride = int64_t(kRowsPerPass) * p.ldx;
     const uint32_t a_dst = uint32_t(Tile::offset(a_row, a_chunk));  // + i * kRowsPerPass * kRowBytes (same swizzle)
-    // Weights are loaded two steps ahead of their dequantization (a register pair of chunks),
-    // so an HBM latency hides behind two steps of multiply.
-    WeightChunk<T, kParts> weights[2];
-    weights[0].load(w_row, first_step * kBK, w_part);
-    if (steps > 1) weights[1].load(w_row, (first_step + 1) * kBK, w_part);
-    const auto produce = [&](int step, WeightChunk<T, kParts>& w) {
-      const int s = step % kWsStages;
-      mbarrier_wait(empty(s), ((step / kWsStages) & 1) ^ 1);  // the first round passes at once
+    const int64_t a_pass_stride = int64_t(kRowsPerPass) * p.ldx;
+    int ring = 0;
+    for (int item = blockIdx.x; item < work.items; item += gridDim.x) {
+      const WsWork::Tile t = work.tile(item);
+      int seg_n0;
+      const GemmSegment seg = segment_at(p, t.n0, seg_n0);
+      const uint8_t* w_row = weight_tile_row(p, seg, seg_n0, t.n0, w_tile_row, swiglu);
+      const int a_rows_valid = p.m - t.m0 - a_row;  // copies i with kRowsPerPass i < this are in range
+      const uint16_t* a_src = p.x + int64_t(min(t.m0 + a_row, p.m - 1)) * p.ldx + t.first_step * kBK + a_chunk * 8;
+      // Weights are loaded two steps ahead of their dequantization (a register pair of chunks),
+      // so an HBM latency hides behind two steps of multiply.
+      WeightChunk<T, kParts> weights[2];
+      weights[0].load(w_row, t.first_step * kBK, w_part);
+      if (t.steps > 1) weights[1].load(w_row, (t.first_step + 1) * kBK, w_part);
+      const auto produce = [&](int step, WeightChunk<T, kParts>& w) {
+        const int s = (ring + step) % kWsStages;
+        mbarrier_wait(empty(s), (((ring + step) / kWsStages) & 1) ^ 1);  // the first round passes at once
 #pragma unroll
-      for (int i = 0; i < 256 / kRowsPerPass; ++i) {
-        const bool valid = kRowsPerPass * i < a_rows_valid;  // an invalid copy zero-fills from row m - 1
-        cp_async16(a_stage(s) + a_dst + uint32_t(i * kRowsPerPass * Tile::kRowBytes),
-                   a_src + (valid ? i * a_pass_stride : 0) + step * kBK, valid);
+        for (int i = 0; i < 256 / kRowsPerPass; ++i) {
+          const bool valid = kRowsPerPass * i < a_rows_valid;  // an invalid copy zero-fills from row m - 1
+          cp_async16(a_stage(s) + a_dst + uint32_t(i * kRowsPerPass * Tile::kRowBytes),
+                     a_src + (valid ? i * a_pass_stride : 0) + step * kBK, valid);
+        }
+        cp_async_mbarrier_arrive(full(s));
+        uint8_t* dst = tiles_ptr + b_offset(s);
+        const auto scales = w.scales();
+        const int chunk0 = w_part * PartShape<kParts>::kChunks;
+        [&]<int... c>(std::integer_sequence<int, c...>) {
+          ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = w.template chunk<c>(scales)), ...);
+        }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
+        if (step + 2 < t.steps) w.load(w_row, (t.first_step + step + 2) * kBK, w_part);
+        fence_proxy_async_shared();  // the weight stores, for the consumers' wgmma
+        mbarrier_arrive(full(s));
+      };
+      for (int step = 0; step < t.steps; step += 2) {
+        produce(step, weights[0]);
+        if (step + 1 < t.steps) produce(step + 1, weights[1]);
       }
-      cp_async_mbarrier_arrive(full(s));
-      uint8_t* dst = tiles_ptr + b_offset(s);
-      const auto scales = w.scales();
-      const int chunk0 = w_part * PartShape<kParts>::kChunks;
-      [&]<int... c>(std::integer_sequence<int, c...>) {
-        ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = w.template chunk<c>(scales)), ...);
-      }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
-      if (step + 2 < steps) w.load(w_row, (first_step + step + 2) * kBK, w_part);
-      fence_proxy_async_shared();  // the weight stores, for the consumers' wgmma
-      mbarrier_arrive(full(s));
-    };
-    for (int step = 0; step < steps; step += 2) {
-      produce(step, weights[0]);
-      if (step + 1 < steps) produce(step + 1, weights[1]);
+      ring += t.steps;
     }
     return;  // no barrier follows
   }
@@ -735,38 +767,46 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
   warpgroup_registers_up<kWsConsumerRegisters>();
   const int consumer = warp_group - kProducerGroups, lane = tid & 31, warp_in_group = (tid / 32) % 4;
   float acc[2][16][4];
+  int ring = 0;
+  for (int item = blockIdx.x; item < work.items; item += gridDim.x) {
+    const WsWork::Tile t = work.tile(item);
 #pragma unroll
-  for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 2; ++i)
 #pragma unroll
-    for (int j = 0; j < 16; ++j)
+      for (int j = 0; j < 16; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-  for (int step = 0; step < steps; ++step) {
-    const int s = step % kWsStages;
-    mbarrier_wait(full(s), (step / kWsStages) & 1);
-    fence_proxy_async_shared();  // the stage's cp.async copies, for the tensor cores
-    wgmma_fence();
+        for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
+    for (int step = 0; step < t.steps; ++step) {
+      const int s = (ring + step) % kWsStages;
+      mbarrier_wait(full(s), ((ring + step) / kWsStages) & 1);
+      fence_proxy_async_shared();  // the stage's cp.async copies, for the tensor cores
+      wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBK / 16; ++kk)  // each accumulator sums its K slices in order
+      for (int kk = 0; kk < kBK / 16; ++kk)  // each accumulator sums its K slices in order
 #pragma unroll
-      for (int i = 0; i < 2; ++i)
-        wgmma_bf16<128>(reinterpret_cast<float(&)[64]>(acc[i]),
-                        sw128_descriptor(a_stage(s) + (consumer * 128 + i * 64) * Tile::kRowBytes + kk * 32),
-                        sw128_descriptor(tiles + b_offset(s) + kk * 32));
-    wgmma_commit();
-    wgmma_wait<1>();  // the step before is done: its stage may be refilled
-    if (step > 0) mbarrier_arrive(empty((step - 1) % kWsStages));
+        for (int i = 0; i < 2; ++i)
+          wgmma_bf16<128>(reinterpret_cast<float(&)[64]>(acc[i]),
+                          sw128_descriptor(a_stage(s) + (consumer * 128 + i * 64) * Tile::kRowBytes + kk * 32),
+                          sw128_descriptor(tiles + b_offset(s) + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // the step before is done: its stage may be refilled
+      if (step > 0) mbarrier_arrive(empty((ring + step - 1) % kWsStages));
+    }
+    wgmma_wait<0>();
+    mbarrier_arrive(empty((ring + t.steps - 1) % kWsStages));  // the tile's last stage
+    ring += t.steps;
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) fence_operand(acc[i][j][e]);
+    int seg_n0;
+    const GemmSegment seg = segment_at(p, t.n0, seg_n0);
+    const auto row_of = [&](int i) { return t.m0 + consumer * 128 + i * 64 + warp_in_group * 16 + (lane >> 2); };
+    const auto tile_col_of = [&](int j) { return j * 8 + 2 * (lane & 3); };
+    store_tile<kCanSwiGLU, kSplitK>(p, acc, t.n0, t.slice, seg, seg_n0, swiglu, row_of, tile_col_of);
   }
-  wgmma_wait<0>();
-#pragma unroll
-  for (int i = 0; i < 2; ++i)
-#pragma unroll
-    for (int j = 0; j < 16; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) fence_operand(acc[i][j][e]);
-  const auto row_of = [&](int i) { return m0 + consumer * 128 + i * 64 + warp_in_group * 16 + (lane >> 2); };
-  const auto tile_col_of = [&](int j) { return j * 8 + 2 * (lane & 3); };
-  store_tile<kCanSwiGLU, kSplitK>(p, acc, n0, seg, seg_n0, swiglu, row_of, tile_col_of);
 }
 
 // y[r][c] = sum over slices s in order 0.. of partial[s][r][c] (+ bias[c]) (+ residual[r][c]):
@@ -825,19 +865,17 @@ void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stre
 }
 
 template <GgmlType T, bool kSplitK>
-void launch_warp_specialized(const GemmParams& p, int splits, cudaStream_t stream) {
+void launch_warp_specialized(const GemmParams& p, int ctas, cudaStream_t stream) {
   constexpr int smem = WsShape::kSmemBytes;
   reserve_dynamic_shared_memory(prefill_gemm_ws_kernel<T, kSplitK>, smem, "prefill GEMM");
-  const int n_per_cta = p.w_up ? 64 : 128;
-  const dim3 grid((p.m + 255) / 256, (p.n + n_per_cta - 1) / n_per_cta, splits);
-  prefill_gemm_ws_kernel<T, kSplitK><<<grid, kWsThreads, smem, stream>>>(p);
+  prefill_gemm_ws_kernel<T, kSplitK><<<ctas, kWsThreads, smem, stream>>>(p);
 }
 
 template <GgmlType T>
 void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
   if (plan.m_tile == 256 && plan.warp_specialized)
-    plan.k_splits > 1 ? launch_warp_specialized<T, true>(p, plan.k_splits, stream)
-                      : launch_warp_specialized<T, false>(p, 1, stream);
+    plan.k_splits > 1 ? launch_warp_specialized<T, true>(p, plan.ctas, stream)
+                      : launch_warp_specialized<T, false>(p, plan.ctas, stream);
   else if (plan.m_tile == 256)  // warpgroup MMA, 128-row n-tiles (checked by the launcher)
     launch_shaped<T, 256, 128, true>(p, plan.k_splits, stream);
   else if (plan.wgmma)
@@ -1001,6 +1039,12 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
   if (!g.m_tile && plan.m_tile == 128 && wide_tiles_fill(g, plan, sm_count)) plan.m_tile = 256;
   plan.warp_specialized = plan.m_tile == 256 && (g.warp_specialized == 1 ||
                                                  (g.warp_specialized == 0 && !env_flag("MINFER_NO_WS_GEMM")));
+  if (plan.warp_specialized) {  // persistent: one CTA an SM (or g.ctas) over the work items
+    // MINFER_NO_PERSISTENT_GEMM: a CTA an item, the grid before persistence (the same bits).
+    const int64_t items = (g.m + 255) / 256 * ((g.n + 127) / 128) * plan.k_splits;
+    const int64_t most = g.ctas > 0 ? g.ctas : env_flag("MINFER_NO_PERSISTENT_GEMM") ? items : sm_count;
+    plan.ctas = int(std::min<int64_t>(items, most));
+  }
   // The n-tile follows the tokens actually present (it does not change any output's sums).
   plan.n_tile = plan_n_tile(g, plan, sm_count);
   return plan;
@@ -1023,6 +1067,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.wgmma == 1 && !prefill_gemm_device_has_wgmma()) fail("prefill GEMM: warpgroup MMA needs an sm_90 device");
   if (g.warp_specialized < -1 || g.warp_specialized > 1)
     fail("prefill GEMM: warp_specialized ", g.warp_specialized, " is not -1, 0 or 1");
+  if (g.ctas < 0) fail("prefill GEMM: ctas ", g.ctas, " is negative");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
   if (!g.x) fail("prefill GEMM: null activation pointer");
