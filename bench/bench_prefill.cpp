@@ -155,7 +155,10 @@ void bench_stacked(benchmark::State& state, GgmlType type, const std::vector<int
   time_gemm(state, g, 2.0 * double(m) * double(n_all) * double(k));
 }
 
-void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0) {
+// wgmma, warp_specialized: PrefillAttention's kernel choice (0: the default); items: the
+// warp-specialized kernel's heads a CTA (0: prefill_attention_head_group_items').
+void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, int pos0, int wgmma = 0,
+                     int warp_specialized = 0, int items = 0) {
   constexpr int hd = 128;
   const int64_t kv_width = int64_t(n_kv_head) * hd, q_width = int64_t(n_head) * hd;
   DeviceMemory q(size_t(m * q_width) * 4), out(size_t(m * q_width) * 4);
@@ -170,13 +173,19 @@ void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, 
   constexpr int kBlock = 64;
   const std::vector<cuda::PrefillChunk> chunks = {{0, m, pos0, 0}};
   const std::vector<cuda::PrefillTile> tiles = cuda::prefill_attention_tiles(chunks);
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "SM count");
+  if (items == 0) items = cuda::prefill_attention_head_group_items(chunks, tiles, n_kv_head, n_head / n_kv_head, sms);
+  const std::vector<cuda::PrefillHeadGroup> groups =
+      cuda::prefill_attention_head_groups(chunks, tiles, n_head / n_kv_head, items);
   std::vector<int32_t> table((pos0 + m + kBlock - 1) / kBlock);
   for (size_t b = 0; b < table.size(); ++b) table[b] = int32_t(b);
   DeviceMemory d_chunks(chunks.size() * sizeof(cuda::PrefillChunk)), d_tiles(tiles.size() * sizeof(cuda::PrefillTile)),
-      d_table(table.size() * 4);
+      d_table(table.size() * 4), d_groups(groups.size() * sizeof(cuda::PrefillHeadGroup));
   check(cudaMemcpy(d_chunks.ptr, chunks.data(), d_chunks.bytes, cudaMemcpyHostToDevice), "upload chunks");
   check(cudaMemcpy(d_tiles.ptr, tiles.data(), d_tiles.bytes, cudaMemcpyHostToDevice), "upload tiles");
   check(cudaMemcpy(d_table.ptr, table.data(), d_table.bytes, cudaMemcpyHostToDevice), "upload table");
+  check(cudaMemcpy(d_groups.ptr, groups.data(), d_groups.bytes, cudaMemcpyHostToDevice), "upload head groups");
   cuda::PrefillAttention a;
   a.q = static_cast<const float*>(q.ptr), a.ldq = q_width;
   a.k_cache = static_cast<const uint16_t*>(device_random_16bit(table.size() * kBlock * kv_width, false, 5));
@@ -188,6 +197,9 @@ void bench_attention(benchmark::State& state, int n_head, int n_kv_head, int m, 
   a.tables = static_cast<const int32_t*>(d_table.ptr), a.block_size = kBlock;
   a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(float(hd));
+  a.head_groups = static_cast<const cuda::PrefillHeadGroup*>(d_groups.ptr);
+  a.n_head_groups = int(groups.size()), a.head_group_items = items, a.head_groups_of = n_head / n_kv_head;
+  a.wgmma = wgmma, a.warp_specialized = warp_specialized;
   double keys = 0;  // causal: token i sees pos0 + i + 1 positions
   for (int i = 0; i < m; ++i) keys += pos0 + i + 1;
   time_with_events(state, 4.0 * hd * n_head * keys, [&] { cuda::launch_prefill_attention(a, nullptr); });
@@ -230,11 +242,16 @@ int register_all() {
               add(name + "/mtile256/split" + std::to_string(splits), run(256, splits));
         }
       }
-    for (int pos0 : {0, 4096, 16384})
-      add(std::string("attention/") + label + "/M512/d" + std::to_string(pos0),
-          [n_head = preset.n_head, n_kv = preset.n_head_kv, pos0](benchmark::State& s) {
-            bench_attention(s, n_head, n_kv, 512, pos0);
-          });
+    for (int pos0 : {0, 4096, 16384}) {
+      const std::string name = std::string("attention/") + label + "/M512/d" + std::to_string(pos0);
+      const int n_head = preset.n_head, n_kv = preset.n_head_kv;
+      add(name, [=](benchmark::State& s) { bench_attention(s, n_head, n_kv, 512, pos0); });
+      add(name + "/onehead", [=](benchmark::State& s) { bench_attention(s, n_head, n_kv, 512, pos0, 0, -1); });
+      add(name + "/mmasync", [=](benchmark::State& s) { bench_attention(s, n_head, n_kv, 512, pos0, -1, -1); });
+      for (int items : {2, 3})
+        add(name + "/heads" + std::to_string(items),
+            [=](benchmark::State& s) { bench_attention(s, n_head, n_kv, 512, pos0, 0, 1, items); });
+    }
   }
   // The other weight types the GEMM serves, at the 7B's gate and down shapes (those the mix
   // already has are above).

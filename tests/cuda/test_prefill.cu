@@ -712,10 +712,23 @@ PagedCache make_cache(const std::vector<ChunkSpec>& chunks, int block_size, int6
   return c;
 }
 
+// An attention kernel (PrefillAttention::wgmma, ::warp_specialized, ::head_group_items).
+struct AttentionKernel {
+  int wgmma, warp_specialized, items;
+};
+std::ostream& operator<<(std::ostream& os, const AttentionKernel& k) {
+  if (k.wgmma < 0) return os << "mma.sync";
+  if (k.warp_specialized < 0) return os << "wgmma";
+  return os << "warp-specialized wgmma, " << k.items << " heads a CTA";
+}
+constexpr AttentionKernel kMmaSync{-1, -1, 2}, kWgmmaOneHead{1, -1, 2}, kWgmmaHeadPairs{1, 1, 2},
+    kWgmmaHeadTriples{1, 1, 3};
+
 // Runs the chunks (rows one after another) in one launch; returns out [rows][ldo].
 std::vector<float> run_paged_attention(const PagedCache& cache, const std::vector<ChunkSpec>& chunks,
                                        const std::vector<float>& q, int64_t ldq, int64_t ldo, int n_head,
-                                       int n_kv_head, int hd, int wgmma, std::vector<uint16_t>* out_bf16 = nullptr) {
+                                       int n_kv_head, int hd, AttentionKernel kernel,
+                                       std::vector<uint16_t>* out_bf16 = nullptr) {
   std::vector<cuda::PrefillChunk> pc;
   std::vector<int32_t> tables;
   int rows = 0;
@@ -725,12 +738,16 @@ std::vector<float> run_paged_attention(const PagedCache& cache, const std::vecto
     rows += chunks[i].m;
   }
   const std::vector<cuda::PrefillTile> tiles = cuda::prefill_attention_tiles(pc);
-  std::vector<int32_t> chunk_ints(pc.size() * 4), tile_ints(tiles.size() * 2);
+  const std::vector<cuda::PrefillHeadGroup> groups =
+      cuda::prefill_attention_head_groups(pc, tiles, n_head / n_kv_head, kernel.items);
+  std::vector<int32_t> chunk_ints(pc.size() * 4), tile_ints(tiles.size() * 2),
+      group_ints(groups.size() * sizeof(cuda::PrefillHeadGroup) / 4);
   std::memcpy(chunk_ints.data(), pc.data(), chunk_ints.size() * 4);
   std::memcpy(tile_ints.data(), tiles.data(), tile_ints.size() * 4);
+  std::memcpy(group_ints.data(), groups.data(), group_ints.size() * 4);
   DeviceBuffer<float> dq(q);
   DeviceBuffer<uint16_t> dk(cache.k), dv(cache.v);
-  DeviceBuffer<int32_t> dchunks(chunk_ints), dtiles(tile_ints), dtables(tables);
+  DeviceBuffer<int32_t> dchunks(chunk_ints), dtiles(tile_ints), dgroups(group_ints), dtables(tables);
   DeviceBuffer<float> dout(size_t(rows * ldo));
   DeviceBuffer<uint16_t> dout_bf16(size_t(rows * ldo));
   dout.fill_bytes(0xFF);
@@ -744,28 +761,31 @@ std::vector<float> run_paged_attention(const PagedCache& cache, const std::vecto
   a.tables = dtables.ptr, a.block_size = cache.block_size;
   a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(float(hd));
-  a.wgmma = wgmma;
+  a.head_groups = reinterpret_cast<const cuda::PrefillHeadGroup*>(dgroups.ptr);
+  a.n_head_groups = int(groups.size()), a.head_group_items = kernel.items, a.head_groups_of = n_head / n_kv_head;
+  a.wgmma = kernel.wgmma, a.warp_specialized = kernel.warp_specialized;
   cuda::launch_prefill_attention(a, nullptr);
   check(cudaDeviceSynchronize(), "prefill attention");
   if (out_bf16) *out_bf16 = dout_bf16.download();
   return dout.download();
 }
 
-// The attention kernels this device runs: mma.sync (wgmma -1), and warpgroup MMA (1) on sm_90.
-std::vector<int> attention_kernels() {
-  if (cuda::prefill_gemm_device_has_wgmma()) return {-1, 1};
-  return {-1};
+// The attention kernels this device runs: mma.sync, and on sm_90 warpgroup MMA one head a CTA and
+// two or three heads a CTA (warp-specialized).
+std::vector<AttentionKernel> attention_kernels() {
+  if (cuda::prefill_gemm_device_has_wgmma()) return {kMmaSync, kWgmmaOneHead, kWgmmaHeadPairs, kWgmmaHeadTriples};
+  return {kMmaSync};
 }
 
 void run_attention_case(const std::vector<ChunkSpec>& chunks, int n_head, int n_kv_head, int hd, int block_size,
-                        uint64_t salt, int wgmma) {
+                        uint64_t salt, AttentionKernel kernel) {
   const int64_t ldq = int64_t(n_head) * hd + 8, ldo = int64_t(n_head) * hd + 16, ld_kv = int64_t(n_kv_head) * hd;
   int rows = 0;
   for (const ChunkSpec& c : chunks) rows += c.m;
   const PagedCache cache = make_cache(chunks, block_size, ld_kv, salt);
   const std::vector<float> q = test::random_normal(size_t(rows * ldq), 1.0f, salt + 7);
   std::vector<uint16_t> out_bf16;
-  const std::vector<float> out = run_paged_attention(cache, chunks, q, ldq, ldo, n_head, n_kv_head, hd, wgmma, &out_bf16);
+  const std::vector<float> out = run_paged_attention(cache, chunks, q, ldq, ldo, n_head, n_kv_head, hd, kernel, &out_bf16);
 
   // Tolerance: q and the probabilities are rounded to f16 (2^-11 relative); outputs are O(1).
   const double tol = 4e-3;
@@ -794,7 +814,7 @@ void run_attention_case(const std::vector<ChunkSpec>& chunks, int n_head, int n_
           expect /= denom;
           const size_t at = qrow * ldo + size_t(h * hd + d);
           if (!(std::fabs(out[at] - expect) <= tol) && failures++ < 5)
-            ADD_FAILURE() << "wgmma " << wgmma << " chunk " << c << " m=" << chunks[c].m << " pos0=" << chunks[c].pos0 << " hd=" << hd
+            ADD_FAILURE() << kernel << " chunk " << c << " m=" << chunks[c].m << " pos0=" << chunks[c].pos0 << " hd=" << hd
                           << " head " << h << " query " << i << " d " << d << ": " << out[at] << " expected " << expect;
           if (out_bf16[at] != f32_to_bf16(out[at]) && failures++ < 5)
             ADD_FAILURE() << "bf16 plane differs from the f32 output at query " << i << " head " << h;
@@ -811,15 +831,18 @@ class PrefillAttentionHeadDim : public testing::TestWithParam<int> {};
 TEST_P(PrefillAttentionHeadDim, CausalGqaOverPagedCacheMatchesFloat64Reference) {
   REQUIRE_DEVICE();
   const int hd = GetParam();
-  for (const int wgmma : attention_kernels()) {
+  for (const AttentionKernel kernel : attention_kernels()) {
     uint64_t salt = 5000 + uint64_t(hd);
-    run_attention_case({{1, 0}}, 4, 2, hd, 16, salt += 100, wgmma);      // one token
-    run_attention_case({{7, 37}}, 4, 1, hd, 16, salt += 100, wgmma);     // pos0 > 0, one kv head for all
-    run_attention_case({{100, 0}}, 6, 2, hd, 64, salt += 100, wgmma);    // partial query tile, group 3
-    run_attention_case({{130, 300}}, 4, 2, hd, 32, salt += 100, wgmma);  // several query and key tiles
-    run_attention_case({{64, 64}}, 2, 2, hd, 128, salt += 100, wgmma);   // tile-aligned, no GQA
-    // several sequences' chunks in one launch, each with its own block table
-    run_attention_case({{7, 37}, {100, 0}, {130, 300}, {1, 5}}, 4, 2, hd, 16, salt += 100, wgmma);
+    run_attention_case({{1, 0}}, 4, 2, hd, 16, salt += 100, kernel);      // one token
+    run_attention_case({{7, 37}}, 4, 1, hd, 16, salt += 100, kernel);     // pos0 > 0, one kv head for all
+    run_attention_case({{100, 0}}, 6, 2, hd, 64, salt += 100, kernel);    // partial query tile, group 3
+    run_attention_case({{130, 300}}, 4, 2, hd, 32, salt += 100, kernel);  // several query and key tiles
+    run_attention_case({{64, 64}}, 2, 2, hd, 128, salt += 100, kernel);   // tile-aligned, no GQA
+    // group 7 over 3 tiles: pairs that span two query tiles of different causal ranges
+    run_attention_case({{150, 40}}, 14, 2, hd, 16, salt += 100, kernel);
+    // several sequences' chunks in one launch, each with its own block table; group 3 leaves an
+    // odd item (a consumer without a head) in each chunk
+    run_attention_case({{7, 37}, {100, 0}, {130, 300}, {1, 5}}, 6, 2, hd, 16, salt += 100, kernel);
   }
 }
 
@@ -833,14 +856,14 @@ TEST(PrefillAttention, ChunkingDoesNotChangeTheBits) {
   const int64_t ld = int64_t(n_head) * hd, ld_kv = int64_t(n_kv) * hd;
   const PagedCache cache = make_cache({{len, 0}}, 16, ld_kv, 6100);
   const std::vector<float> q = test::random_normal(size_t(len * ld), 1.0f, 6101);
-  for (const int wgmma : attention_kernels()) {
-    const std::vector<float> whole = run_paged_attention(cache, {{len, 0}}, q, ld, ld, n_head, n_kv, hd, wgmma);
+  for (const AttentionKernel kernel : attention_kernels()) {
+    const std::vector<float> whole = run_paged_attention(cache, {{len, 0}}, q, ld, ld, n_head, n_kv, hd, kernel);
     int pos = 0;
     for (int m : {64, 50, 1, 35}) {
       const std::vector<float> part_q(q.begin() + pos * ld, q.begin() + (pos + m) * ld);
-      const std::vector<float> part = run_paged_attention(cache, {{m, pos}}, part_q, ld, ld, n_head, n_kv, hd, wgmma);
+      const std::vector<float> part = run_paged_attention(cache, {{m, pos}}, part_q, ld, ld, n_head, n_kv, hd, kernel);
       ASSERT_EQ(std::memcmp(part.data(), whole.data() + pos * ld, size_t(m * ld) * 4), 0)
-          << "wgmma " << wgmma << ", chunk at " << pos;
+          << kernel << ", chunk at " << pos;
       pos += m;
     }
   }
@@ -848,22 +871,66 @@ TEST(PrefillAttention, ChunkingDoesNotChangeTheBits) {
 
 // Each output sums its k16 slices in the same order with either multiply (as the GEMM's two
 // kernels do), so warpgroup MMA reproduces the mma.sync kernel's bits: MINFER_NO_WGMMA_ATTENTION=1
-// changes no result.
-TEST(PrefillAttention, WarpgroupMmaGivesTheSameBits) {
+// changes no result. The warp-specialized kernel runs the same per-tile body on a shared K/V
+// stream: MINFER_NO_WS_ATTENTION=1 changes none either (group 5: head groups across query tiles
+// and short groups at the end of a chunk).
+TEST(PrefillAttention, AllKernelsGiveTheSameBits) {
   REQUIRE_DEVICE();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "warpgroup MMA needs an sm_90 device";
   for (const int hd : {64, 128}) {
-    const int n_head = 6, n_kv = 2;
+    const int n_head = 10, n_kv = 2;
     const int64_t ld = int64_t(n_head) * hd, ld_kv = int64_t(n_kv) * hd;
-    const std::vector<ChunkSpec> chunks = {{130, 300}, {7, 37}, {64, 0}};
+    const std::vector<ChunkSpec> chunks = {{130, 300}, {7, 37}, {64, 0}, {200, 1000}};
     const PagedCache cache = make_cache(chunks, 16, ld_kv, 6200 + uint64_t(hd));
-    const std::vector<float> q = test::random_normal(size_t(201 * ld), 1.0f, 6201);
-    std::vector<uint16_t> plane_sync, plane_wgmma;
-    const std::vector<float> out_sync = run_paged_attention(cache, chunks, q, ld, ld, n_head, n_kv, hd, -1, &plane_sync);
-    const std::vector<float> out_wgmma = run_paged_attention(cache, chunks, q, ld, ld, n_head, n_kv, hd, 1, &plane_wgmma);
-    EXPECT_EQ(std::memcmp(out_sync.data(), out_wgmma.data(), out_sync.size() * 4), 0) << "head_dim " << hd;
-    EXPECT_EQ(plane_sync, plane_wgmma) << "head_dim " << hd;
+    const std::vector<float> q = test::random_normal(size_t(401 * ld), 1.0f, 6201);
+    std::vector<uint16_t> plane_sync;
+    const std::vector<float> out_sync = run_paged_attention(cache, chunks, q, ld, ld, n_head, n_kv, hd, kMmaSync, &plane_sync);
+    for (const AttentionKernel kernel : {kWgmmaOneHead, kWgmmaHeadPairs, kWgmmaHeadTriples}) {
+      std::vector<uint16_t> plane;
+      const std::vector<float> out = run_paged_attention(cache, chunks, q, ld, ld, n_head, n_kv, hd, kernel, &plane);
+      EXPECT_EQ(std::memcmp(out_sync.data(), out.data(), out_sync.size() * 4), 0) << kernel << ", head_dim " << hd;
+      EXPECT_EQ(plane_sync, plane) << kernel << ", head_dim " << hd;
+    }
   }
+}
+
+// Head groups stay inside a chunk, cover every (tile, head) item once, put the longest range
+// first; only a chunk's last group may be short.
+TEST(PrefillAttention, HeadGroupsCoverEveryItemOnceWithinAChunk) {
+  const std::vector<cuda::PrefillChunk> chunks = {{0, 130, 300, 0}, {130, 7, 37, 0}, {137, 64, 0, 0}};
+  const std::vector<cuda::PrefillTile> tiles = cuda::prefill_attention_tiles(chunks);
+  const auto end = [&](int t) {
+    const cuda::PrefillChunk& c = chunks[size_t(tiles[size_t(t)].chunk)];
+    return c.pos0 + std::min(tiles[size_t(t)].q0 + 64, c.m);
+  };
+  for (const int group : {1, 2, 5, 7})
+    for (const int items : {2, 3}) {
+      const std::vector<cuda::PrefillHeadGroup> groups = cuda::prefill_attention_head_groups(chunks, tiles, group, items);
+      std::vector<int> seen(tiles.size() * size_t(group), 0), short_groups(chunks.size(), 0);
+      for (const cuda::PrefillHeadGroup& g : groups) {
+        int n = 0;
+        for (int i = 0; i < items && g.head[i] >= 0; ++i, ++n) {
+          ++seen[size_t(g.tile[i] * group + g.head[i])];
+          EXPECT_EQ(tiles[size_t(g.tile[i])].chunk, tiles[size_t(g.tile[0])].chunk) << group << " x " << items;
+          EXPECT_GE(end(g.tile[0]), end(g.tile[i])) << group << " x " << items;
+        }
+        for (int i = n; i < cuda::kMaxHeadGroupItems; ++i) EXPECT_LT(g.head[i], 0) << group << " x " << items;
+        if (n < items) ++short_groups[size_t(tiles[size_t(g.tile[0])].chunk)];
+      }
+      EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), int64_t(seen.size())) << group << " x " << items;
+      for (int n : short_groups) EXPECT_LE(n, 1) << group << " x " << items;
+      for (size_t i = 1; i < groups.size(); ++i) EXPECT_GE(end(groups[i - 1].tile[0]), end(groups[i].tile[0]));
+    }
+}
+
+// Two heads a CTA unless three take fewer waves of one CTA an SM, weighed by the heads a CTA.
+TEST(PrefillAttention, HeadGroupItemsFollowTheWaves) {
+  const std::vector<cuda::PrefillChunk> chunk = {{0, 512, 16384, 0}};
+  const std::vector<cuda::PrefillTile> tiles = cuda::prefill_attention_tiles(chunk);  // 8 tiles
+  // 7B (4 KV heads of 7): 112 CTAs of two are one wave on 132 SMs (cost 2), 76 of three cost 3.
+  EXPECT_EQ(cuda::prefill_attention_head_group_items(chunk, tiles, 4, 7, 132), 2);
+  // 14B (8 KV heads of 5): 160 CTAs of two are two waves (cost 4), 112 of three one (cost 3).
+  EXPECT_EQ(cuda::prefill_attention_head_group_items(chunk, tiles, 8, 5, 132), 3);
 }
 
 TEST(PrefillAttention, RejectsUnsupportedShapes) {
@@ -884,6 +951,12 @@ TEST(PrefillAttention, RejectsUnsupportedShapes) {
   EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // block size not a power of two
   a.block_size = 16, a.wgmma = 2;
   EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // no such kernel choice
+  a.wgmma = -1, a.warp_specialized = 1;
+  EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // warp specialization without wgmma
+  if (cuda::prefill_gemm_device_has_wgmma()) {
+    a.wgmma = 1, a.warp_specialized = 1;
+    EXPECT_THROW(cuda::launch_prefill_attention(a, nullptr), Error);  // no head groups
+  }
 }
 
 }  // namespace

@@ -50,10 +50,13 @@ struct StepIo {
   std::vector<int32_t> tokens, positions, slots, table_offsets, output_rows, tables;
   std::vector<PrefillChunk> chunks;
   std::vector<PrefillTile> tiles;
+  std::vector<PrefillHeadGroup> head_groups;
+  int head_group_items = 2;
   void clear() {
     for (auto* v : {&tokens, &positions, &slots, &table_offsets, &output_rows, &tables}) v->clear();
     chunks.clear();
     tiles.clear();
+    head_groups.clear();
   }
 };
 
@@ -88,6 +91,7 @@ struct CudaBackend::Impl {
   DeviceArray<ArgmaxCandidate> argmax_candidates;
   DeviceArray<int32_t> d_chunks;  // PrefillChunk[max_tokens] | PrefillTile[2 max_tokens]
   DeviceArray<int32_t> d_tables;  // grows with the step's block tables
+  DeviceArray<PrefillHeadGroup> d_head_groups;  // grows with the step's prompt tiles
   PinnedArray<int32_t> h_staging;
   PinnedArray<float> h_logits;  // StepOutput::logits of the last forward
   // StepBatch::draws (jobs up, tokens back), max_tokens each once a step draws
@@ -265,6 +269,9 @@ struct CudaBackend::Impl {
       }
     }
     io.tiles = prefill_attention_tiles(io.chunks);
+    const int kv_group = hp.n_head / hp.n_head_kv;
+    io.head_group_items = prefill_attention_head_group_items(io.chunks, io.tiles, hp.n_head_kv, kv_group, ctx.sm_count);
+    io.head_groups = prefill_attention_head_groups(io.chunks, io.tiles, kv_group, io.head_group_items);
   }
 
   void upload_io() {
@@ -274,7 +281,8 @@ struct CudaBackend::Impl {
       d_tables = DeviceArray<int32_t>(std::max(table_ints, 2 * d_tables.size()));
       graphs.clear();  // they hold the old table address
     }
-    const size_t staging = 6 * size_t(max_tokens) + chunk_ints + tile_ints + table_ints;
+    const size_t group_ints = io.head_groups.size() * sizeof(PrefillHeadGroup) / 4;
+    const size_t staging = 6 * size_t(max_tokens) + chunk_ints + tile_ints + group_ints + table_ints;
     if (h_staging.size() < staging) h_staging = PinnedArray<int32_t>(std::max(staging, 2 * h_staging.size()));
     int32_t* h = h_staging.get();
     const std::vector<int32_t>* sections[5] = {&io.tokens, &io.positions, &io.slots, &io.table_offsets, &io.output_rows};
@@ -290,7 +298,16 @@ struct CudaBackend::Impl {
       check(cudaMemcpyAsync(d_prefill_tiles(), tail + chunk_ints, tile_ints * 4, cudaMemcpyHostToDevice, stream.get()),
             "cudaMemcpyAsync (prompt tiles)");
     }
-    int32_t* tables = tail + chunk_ints + tile_ints;
+    if (!io.head_groups.empty()) {
+      if (d_head_groups.size() < io.head_groups.size())
+        d_head_groups = DeviceArray<PrefillHeadGroup>(std::max(io.head_groups.size(), 2 * d_head_groups.size()));
+      const size_t group_bytes = io.head_groups.size() * sizeof(PrefillHeadGroup);
+      std::memcpy(tail + chunk_ints + tile_ints, io.head_groups.data(), group_bytes);
+      check(cudaMemcpyAsync(d_head_groups.get(), tail + chunk_ints + tile_ints, group_bytes, cudaMemcpyHostToDevice,
+                            stream.get()),
+            "cudaMemcpyAsync (prompt attention head groups)");
+    }
+    int32_t* tables = tail + chunk_ints + tile_ints + group_ints;
     std::copy(io.tables.begin(), io.tables.end(), tables);
     check(cudaMemcpyAsync(d_tables.get(), tables, table_ints * 4, cudaMemcpyHostToDevice, stream.get()),
           "cudaMemcpyAsync (block tables)");
@@ -511,6 +528,10 @@ struct CudaBackend::Impl {
           pa.chunks = d_prefill_chunks();
           pa.tiles = d_prefill_tiles();
           pa.n_tiles = geo.n_tiles;
+          pa.head_groups = d_head_groups.get();
+          pa.n_head_groups = int(io.head_groups.size());
+          pa.head_group_items = io.head_group_items;
+          pa.head_groups_of = hp.n_head / hp.n_head_kv;
           pa.tables = d_tables.get();
           pa.block_size = block_size;
           pa.n_head = node.n_heads;

@@ -163,6 +163,22 @@ struct PrefillTile {
 };
 // The 64-query tiles of the chunks, longest causal range first (those CTAs start first).
 std::vector<PrefillTile> prefill_attention_tiles(std::span<const PrefillChunk> chunks);
+// Up to three (tile, head within the KV group) items of one chunk that the warp-specialized kernel
+// runs on one K/V stream, a consumer warpgroup each: indices into the tile list, item 0's causal
+// range the longest; head -1: no item.
+constexpr int kMaxHeadGroupItems = 3;
+struct PrefillHeadGroup {
+  int32_t tile[kMaxHeadGroupItems];
+  int32_t head[kMaxHeadGroupItems];
+};
+// Every tile's `group` heads, `items` at a time within its chunk (heads fastest, the chunk's tiles
+// in list order), longest causal range first.
+std::vector<PrefillHeadGroup> prefill_attention_head_groups(std::span<const PrefillChunk> chunks,
+                                                           std::span<const PrefillTile> tiles, int group, int items);
+// Items a CTA (2 or 3) for these tiles: the fewer waves of one CTA an SM, weighed by the items a
+// CTA (the 14B at 512 tokens: 160 CTAs of two are two waves on 132 SMs, 112 of three one).
+int prefill_attention_head_group_items(std::span<const PrefillChunk> chunks, std::span<const PrefillTile> tiles,
+                                       int n_kv_head, int group, int sm_count);
 
 struct PrefillAttention {
   const float* q = nullptr;  // [rows][ldq]; head h at columns [h*head_dim, (h+1)*head_dim), roped
@@ -185,8 +201,18 @@ struct PrefillAttention {
   // Warpgroup MMA (sm_90): 0 chooses it on an sm_90 device unless MINFER_NO_WGMMA_ATTENTION is set
   // to anything but "0"; 1 forces it (an sm_90 device only), -1 forces the mma.sync kernel.
   int wgmma = 0;
+  // With warpgroup MMA: two or three heads of a KV group a CTA on one K/V stream (a producer
+  // warpgroup and a consumer an item). 0 chooses it unless MINFER_NO_WS_ATTENTION is set to
+  // anything but "0"; 1 forces it, -1 the one-head kernel. The same bits either way. Needs
+  // head_groups = prefill_attention_head_groups(chunks, tiles, head_groups_of, head_group_items).
+  int warp_specialized = 0;
+  const PrefillHeadGroup* head_groups = nullptr;  // device
+  int n_head_groups = 0;
+  int head_group_items = 0;
+  int head_groups_of = 0;  // the KV group size they were built for
 };
 bool prefill_attention_uses_wgmma(const PrefillAttention& a);
+bool prefill_attention_uses_warp_specialization(const PrefillAttention& a);
 
 // REQUIRES (checked): head_dim 64 or 128; n_head % n_kv_head == 0; block_size a power of two;
 // ldq, ld_kv, ldo multiples of 8 (16-byte rows) and >= n_head*head_dim (ld_kv >= n_kv*head_dim);

@@ -218,6 +218,11 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Barrier `id` (1..15; 0 is __syncthreads) over the 128 threads of one warpgroup: a warpgroup
+// publishes its own shared-memory stores without waiting for the rest of the CTA.
+__device__ __forceinline__ void warpgroup_barrier(int id) {
+  asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
 // Warpgroup register budget (sm_90a): the producer gives registers back, the consumers take them.
 template <int kRegisters>
 __device__ __forceinline__ void warpgroup_registers_down() {
