@@ -323,8 +323,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefill_attention_kernel(const At
 // same sums.
 constexpr int kRingStages = 4;
 
-// The register file split by setmaxnreg, 128 x producer + kConsumers x 128 x consumer =
-// (1 + kConsumers) x 128 x the launch's registers a thread at one CTA an SM (ptxas: no spills).
+// The register file split by setmaxnreg: 128 x producer + kConsumers x 128 x consumer at most
+// (1 + kConsumers) x 128 x the registers a thread gets at launch, one CTA an SM (ptxas: no
+// spills; three consumers with a 40-register producer spilled).
 template <int kConsumers>
 struct WsAttentionRoles {
   static_assert(kConsumers == 2 || kConsumers == 3, "two or three consumer warpgroups");
