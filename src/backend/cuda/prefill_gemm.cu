@@ -639,7 +639,7 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
 // prefill_gemm_kernel<T, 256, 128, kSplitK, true>: the same bits. The dequantization no longer
 // waits behind a block barrier for the multiply, nor the multiply for the dequantization.
 // One producer warpgroup (a thread a row) was measured too: the consumers then waited for it
-// (docs/14 §15).
+// (docs/14 §13).
 // REQUIRES: blockDim.x == kWsThreads; grid and K range as prefill_gemm_kernel with kBM = 256,
 // kBN = 128; WsShape::kSmemBytes of dynamic shared memory; sm_90a (other compilations trap).
 constexpr int kWsStages = 4;
