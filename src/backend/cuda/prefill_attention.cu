@@ -68,8 +68,11 @@ struct AttentionParams {
   float scale_log2;  // softmax scale * log2(e): scores are kept in the exp2 domain
 };
 
-// The causal range of a query tile: cache positions [0, end).
-__device__ __forceinline__ int tile_kv_end(const PrefillChunk& seq, int q0) { return seq.pos0 + min(q0 + kQueries, seq.m); }
+// The causal range of a query tile: cache positions [0, end). The kernels read it, and the host
+// orders tiles and head groups by it.
+__host__ __device__ __forceinline__ int tile_kv_end(const PrefillChunk& seq, int q0) {
+  return seq.pos0 + (q0 + kQueries < seq.m ? q0 + kQueries : seq.m);
+}
 
 // K and V of cache positions [step * kKeys, + kKeys) into the shared tiles k_dst, v_dst (positions
 // from kv_end on zero-filled); `thread` is one of kLoaders threads sharing the copies.
@@ -507,12 +510,8 @@ std::vector<PrefillTile> prefill_attention_tiles(std::span<const PrefillChunk> c
   for (size_t c = 0; c < chunks.size(); ++c)
     for (int q0 = 0; q0 < chunks[c].m; q0 += kQueries) tiles.push_back({int32_t(c), q0});
   // Longest causal range (last key position) first.
-  std::stable_sort(tiles.begin(), tiles.end(), [&](const PrefillTile& a, const PrefillTile& b) {
-    const auto end = [&](const PrefillTile& t) {
-      return chunks[size_t(t.chunk)].pos0 + std::min(t.q0 + kQueries, chunks[size_t(t.chunk)].m);
-    };
-    return end(a) > end(b);
-  });
+  const auto end = [&](const PrefillTile& t) { return tile_kv_end(chunks[size_t(t.chunk)], t.q0); };
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const PrefillTile& a, const PrefillTile& b) { return end(a) > end(b); });
   return tiles;
 }
 
@@ -543,7 +542,7 @@ std::vector<PrefillHeadGroup> prefill_attention_head_groups(std::span<const Pref
   }
   const auto end = [&](const PrefillHeadGroup& g) {
     const PrefillTile& t = tiles[size_t(g.tile[0])];
-    return chunks[size_t(t.chunk)].pos0 + std::min(t.q0 + kQueries, chunks[size_t(t.chunk)].m);
+    return tile_kv_end(chunks[size_t(t.chunk)], t.q0);
   };
   std::stable_sort(groups.begin(), groups.end(), [&](const PrefillHeadGroup& a, const PrefillHeadGroup& b) { return end(a) > end(b); });
   return groups;
