@@ -89,10 +89,15 @@ class DrawCounter : public Backend {
   DrawCounter(std::unique_ptr<Backend> inner, int64_t& draws) : inner_(std::move(inner)), draws_(draws) {}
   std::string name() const override { return inner_->name(); }
   int64_t kv_block_bytes(int block_size) const override { return inner_->kv_block_bytes(block_size); }
-  int64_t workspace_bytes(int max_tokens) const override { return inner_->workspace_bytes(max_tokens); }
+  int64_t workspace_bytes(int max_tokens, int max_outputs) const override {
+    return inner_->workspace_bytes(max_tokens, max_outputs);
+  }
   int64_t memory_available() const override { return inner_->memory_available(); }
-  void reserve(int n_blocks, int block_size, int max_tokens) override { inner_->reserve(n_blocks, block_size, max_tokens); }
+  void reserve(int n_blocks, int block_size, int max_tokens, int max_outputs) override {
+    inner_->reserve(n_blocks, block_size, max_tokens, max_outputs);
+  }
   int max_tokens() const override { return inner_->max_tokens(); }
+  int max_outputs() const override { return inner_->max_outputs(); }
   void copy_blocks(std::span<const BlockCopy> copies) override { inner_->copy_blocks(copies); }
   void forward(const StepBatch& batch, StepOutput& out) override {
     draws_ += int64_t(batch.draws.size());

@@ -112,6 +112,86 @@ TEST(Engine, AStepChecksItsInput) {
   EXPECT_THROW(step.run(), Error);  // a token outside the vocabulary
 }
 
+// A step has room for max_outputs output rows (the logits buffer's rows) and generated tokens,
+// whatever its tokens; a backend refuses a step with more, and eval_all cuts its micro-batches to
+// that many rows, giving the logits every micro-batch size gives.
+TEST(Engine, OutputRowsAreBoundedApartFromTokens) {
+  EngineOptions eo = small_cpu_engine();
+  eo.max_outputs = 3;
+  eo.n_blocks = 16;
+  Engine engine(model(), eo);
+  EXPECT_EQ(engine.max_tokens(), 8);
+  EXPECT_EQ(engine.max_outputs(), 3);
+  KvPool::Sequence a(engine.kv()), b(engine.kv()), c(engine.kv());
+  Step step(engine);
+  const std::vector<int32_t> four = {1, 2, 3, 4}, two = {5, 6};
+  EXPECT_EQ(step.add(a, four, false, Step::Output::All, true), -1);  // 4 output rows
+  ASSERT_EQ(step.add(a, four, false, Step::Output::Last, true), 0);
+  ASSERT_EQ(step.add(b, two, false, Step::Output::All, false), 1);  // 3 rows in all
+  EXPECT_EQ(step.n_outputs(), 3);
+  EXPECT_EQ(step.add(c, two, false, Step::Output::Last, false), -1);  // a fourth row
+  KvPool::Sequence e(engine.kv());
+  const std::vector<int32_t> one = {7};
+  EXPECT_EQ(step.add(e, one, true, Step::Output::None, false), -1);  // a generated token holds a row
+  ASSERT_EQ(step.add(c, two, false, Step::Output::None, false), 2);    // prompt tokens without outputs fit
+  step.run();
+  EXPECT_EQ(step.logits(0).size(), size_t(model().hp.n_vocab));
+  EXPECT_EQ(step.argmax(1).size(), 2u);
+
+  const std::vector<int32_t> toks = {1, 2, 3, 4};
+  const std::vector<int32_t> rows = {0, 1, 2, 3};
+  const std::vector<uint8_t> flags(4, 0);
+  KvPool::Sequence d(engine.kv());
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(d.reserve(4, copies));
+  const SeqChunk chunk{0, 4, 0, d.blocks(), false};
+  StepOutput out;
+  try {
+    engine.forward({toks, std::span<const SeqChunk>(&chunk, 1), rows, flags, {}}, out);
+    FAIL() << "a step of 4 output rows ran on a backend of 3";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 output rows (allowed 3)"), std::string::npos) << e.what();
+  }
+
+  KvPool::Sequence f(engine.kv()), g(engine.kv()), h(engine.kv()), i(engine.kv());
+  std::vector<SeqChunk> decodes;
+  std::vector<int32_t> decode_tokens;
+  for (KvPool::Sequence* s : {&f, &g, &h, &i}) {
+    ASSERT_TRUE(s->reserve(1, copies));
+    decodes.push_back({int(decodes.size()), 1, 0, s->blocks(), true});
+    decode_tokens.push_back(1);
+  }
+  try {
+    engine.forward({decode_tokens, decodes, {}, {}, {}}, out);
+    FAIL() << "a step of 4 generated tokens ran on a backend of 3 output rows";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4 generated tokens (allowed 3)"), std::string::npos) << e.what();
+  }
+
+  EngineOptions bad = small_cpu_engine();
+  bad.max_outputs = -1;
+  EXPECT_THROW(Engine(model(), bad), Error);
+}
+
+TEST(Session, AllLogitsDoNotDependOnTheOutputRowsAStepHolds) {
+  const std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2};
+  std::vector<std::vector<float>> logits;
+  for (int max_outputs : {32, 5}) {
+    SessionOptions o;
+    o.backend = BackendKind::Cpu;
+    o.n_threads = 2;
+    o.n_ctx = 32;
+    o.ubatch = 32;
+    o.max_outputs = max_outputs;
+    Session s(model(), o);
+    const std::span<const float> l = s.eval_all(tokens);
+    logits.emplace_back(l.begin(), l.end());
+    EXPECT_EQ(s.engine().max_outputs(), max_outputs);
+  }
+  ASSERT_EQ(logits[0].size(), tokens.size() * size_t(model().hp.n_vocab));
+  EXPECT_EQ(logits[0], logits[1]);
+}
+
 // A step's logits live in the backend until the next forward: reading them after another step
 // ran on the engine is an error, not a read of that step's rows.
 TEST(Engine, LogitsAreReadableUntilTheNextStep) {

@@ -1,5 +1,6 @@
 #include "backend/backend.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -8,7 +9,8 @@
 
 namespace minfer {
 
-void validate_step(const StepBatch& b, int max_tokens, int n_blocks, int block_size, int n_vocab) {
+void validate_step(const StepBatch& b, int max_tokens, int max_outputs, int n_blocks, int block_size,
+                   int n_vocab) {
   const int n = int(b.tokens.size());
   if (max_tokens == 0) fail("backend: forward before reserve");
   if (n == 0 || n > max_tokens) fail("backend: a step of ", n, " tokens (allowed 1 .. ", max_tokens, ")");
@@ -32,6 +34,11 @@ void validate_step(const StepBatch& b, int max_tokens, int n_blocks, int block_s
   if (row != n) fail("backend: the chunks cover ", row, " of ", n, " tokens");
   for (int32_t t : b.tokens)
     if (t < 0 || t >= n_vocab) fail("token id ", t, " is outside the vocabulary (", n_vocab, " tokens)");
+  if (b.output_rows.size() > size_t(max_outputs))
+    fail("backend: a step of ", b.output_rows.size(), " output rows (allowed ", max_outputs, ")");
+  const auto decode_rows = std::count_if(b.chunks.begin(), b.chunks.end(), [](const SeqChunk& c) { return c.decode; });
+  if (decode_rows > max_outputs)
+    fail("backend: a step of ", decode_rows, " generated tokens (allowed ", max_outputs, ")");
   if (b.copy_logits.size() != b.output_rows.size())
     fail("backend: ", b.output_rows.size(), " output rows but ", b.copy_logits.size(), " logits flags");
   for (size_t i = 0; i < b.output_rows.size(); ++i)

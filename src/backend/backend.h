@@ -65,14 +65,17 @@ class Backend {
   virtual std::string name() const = 0;
   // Bytes of KV storage one block of block_size positions takes (every layer, K and V).
   virtual int64_t kv_block_bytes(int block_size) const = 0;
-  // Bytes of activation buffers for steps of up to max_tokens tokens.
-  virtual int64_t workspace_bytes(int max_tokens) const = 0;
+  // Bytes of activation buffers for steps of up to max_tokens tokens, max_outputs of them output
+  // rows (the logits rows, n_vocab floats each, are the largest buffer of a long step).
+  virtual int64_t workspace_bytes(int max_tokens, int max_outputs) const = 0;
   // Memory this backend can still allocate (host RAM or free device memory).
   virtual int64_t memory_available() const = 0;
   // Allocates n_blocks KV blocks of block_size positions and buffers for steps of up to
-  // max_tokens tokens. Once only.
-  virtual void reserve(int n_blocks, int block_size, int max_tokens) = 0;
+  // max_tokens tokens, max_outputs output rows and max_outputs generated (decode) tokens
+  // (1 <= max_outputs <= max_tokens). Once only.
+  virtual void reserve(int n_blocks, int block_size, int max_tokens, int max_outputs) = 0;
   virtual int max_tokens() const = 0;
+  virtual int max_outputs() const = 0;
   // Copies whole blocks (every layer, K and V): the engine's copy-on-write of shared blocks.
   virtual void copy_blocks(std::span<const BlockCopy> copies) = 0;
   virtual void forward(const StepBatch& batch, StepOutput& out) = 0;
@@ -86,7 +89,8 @@ bool cuda_available();
 
 // Checks a step against the backend's limits (rows, chunk order, positions, block tables) and
 // throws minfer::Error naming the first problem. Both backends call it first.
-void validate_step(const StepBatch& batch, int max_tokens, int n_blocks, int block_size, int n_vocab);
+void validate_step(const StepBatch& batch, int max_tokens, int max_outputs, int n_blocks, int block_size,
+                   int n_vocab);
 
 // MINFER_DUMP=DIR: each backend calls this after every node (step = forward call index).
 // Writes DIR/stepNNNN/NN_name.bin (header: rows, cols; then f32 data). Returns false when off.

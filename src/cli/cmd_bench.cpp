@@ -205,7 +205,7 @@ int run_bench(int argc, char** argv) {
   CLI::App app{"Throughput of prompt processing (pp) and generation (tg), llama-bench style"};
   std::string model_path, p_list = "512", n_list = "128", d_list = "0", b_list = "1", output = "md", sweep,
               backend_name = "auto";
-  int reps = 5, ubatch = 512, block_size = kDefaultKvBlockSize;
+  int reps = 5, ubatch = 4096, block_size = kDefaultKvBlockSize;
   bool census = false;
   app.add_option("-m,--model", model_path, "GGUF model (default: the embedded default model)");
   app.add_option("-p,--n-prompt", p_list, "prompt lengths, comma separated (0: none)");
@@ -214,7 +214,9 @@ int run_bench(int argc, char** argv) {
   app.add_option("--batch", b_list, "sequences decoding together in the tg tests, comma separated");
   app.add_option("-r,--repetitions", reps, "repetitions of each test")->check(CLI::Range(1, 1000));
   app.add_option("-o,--output", output, "md | json | csv")->check(CLI::IsMember({"md", "json", "csv"}));
-  app.add_option("-b,-u,--ubatch-size", ubatch, "tokens per forward step")->check(CLI::Range(1, 65536));
+  app.add_option("-b,-u,--ubatch-size", ubatch, "prompt tokens per forward step")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65536));
   app.add_option("--kv-block-size", block_size, "KV positions per cache block")->check(CLI::Range(1, 4096));
   app.add_option("--backend", backend_name, "cuda | cpu | auto");
   app.add_flag("--census", census, "list the kernels of one decode step of the first batch size and one prompt step of the first -p length (CUDA)");
@@ -246,7 +248,10 @@ int run_bench(int argc, char** argv) {
   const auto blocks = [&](int n) { return (n + block_size - 1) / block_size + 1; };
   EngineOptions eo;
   eo.backend = parse_backend_kind(backend_name);
-  eo.max_tokens = std::max(ubatch, max_b);
+  // Steps as long as the longest prompt or depth needs (up to -b), or the widest batch; each
+  // sequence of a step has one output row.
+  eo.max_tokens = std::max(std::min(ubatch, std::max({max_p, max_d, 1})), max_b);
+  eo.max_outputs = max_b;
   eo.block_size = block_size;
   eo.n_blocks = blocks(max_d) + std::max(blocks(max_p), max_b * blocks(max_n));
   eo.memory_hint = "lower -d, -p, -n or --batch";

@@ -33,6 +33,7 @@ int run_perplexity(int argc, char** argv) {
   SessionOptions opts;
   opts.n_ctx = n_ctx;
   opts.ubatch = batch;
+  opts.max_outputs = batch;  // every row's logits
   opts.n_threads = threads;
   opts.backend = parse_backend_kind(backend);
   Session session(model, opts);

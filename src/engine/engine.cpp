@@ -22,10 +22,16 @@ namespace {
 
 std::string mib(int64_t bytes) { return std::to_string((bytes + (1 << 20) - 1) >> 20) + " MiB"; }
 
+// Output rows a step may have (EngineOptions::max_outputs resolved).
+int max_outputs_of(const EngineOptions& o) { return o.max_outputs > 0 ? std::min(o.max_outputs, o.max_tokens) : o.max_tokens; }
+
+// Output rows of an item of n tokens.
+int outputs_of(Step::Output out, int n) { return out == Step::Output::None ? 0 : out == Step::Output::All ? n : 1; }
+
 }  // namespace
 
-int64_t Engine::memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens) {
-  return int64_t(n_blocks) * b.kv_block_bytes(block_size) + b.workspace_bytes(max_tokens);
+int64_t Engine::memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens, int max_outputs) {
+  return int64_t(n_blocks) * b.kv_block_bytes(block_size) + b.workspace_bytes(max_tokens, max_outputs);
 }
 
 Engine::Engine(const Model& model, const EngineOptions& o) : Engine(model, o, make_backend(model, o.backend, o.n_threads)) {}
@@ -34,7 +40,8 @@ Engine::Engine(const Model& model, const EngineOptions& o) : Engine(model, o, ma
 // size scales is allocated, the pool's own tables included).
 int Engine::checked_blocks(const Backend& b, const EngineOptions& o) {
   if (o.max_tokens <= 0) fail("tokens per step ", o.max_tokens, " must be positive");
-  const int64_t need = memory_needed(b, o.n_blocks, o.block_size, o.max_tokens);
+  if (o.max_outputs < 0) fail("output rows per step ", o.max_outputs, " must not be negative");
+  const int64_t need = memory_needed(b, o.n_blocks, o.block_size, o.max_tokens, max_outputs_of(o));
   const int64_t have = b.memory_available();
   if (need > have)
     fail("the KV cache (", o.n_blocks, " blocks of ", o.block_size, " positions, ",
@@ -46,7 +53,7 @@ int Engine::checked_blocks(const Backend& b, const EngineOptions& o) {
 
 Engine::Engine(const Model& model, const EngineOptions& o, std::unique_ptr<Backend> backend)
     : model_(model), backend_(std::move(backend)), kv_(checked_blocks(*backend_, o), o.block_size) {
-  backend_->reserve(o.n_blocks, o.block_size, o.max_tokens);
+  backend_->reserve(o.n_blocks, o.block_size, o.max_tokens, max_outputs_of(o));
   backend_name_ = backend_->name();
 }
 
@@ -56,7 +63,8 @@ int Step::add(KvPool::Sequence& seq, std::span<const int32_t> tokens, bool decod
   if (decode && n != 1) fail("a decode item is exactly one token, not ", n);
   for (const Item& it : items_)
     if (it.seq == &seq) fail("a sequence can appear only once in a step");
-  if (n_tokens_ + n > engine_.max_tokens()) return -1;
+  const int n_out = decode ? 1 : outputs_of(out, n);  // a generated token holds its row either way
+  if (n_tokens_ + n > engine_.max_tokens() || n_outputs_ + n_out > engine_.max_outputs()) return -1;
   std::vector<BlockCopy> copies;
   if (!seq.reserve(n, copies)) return -1;
   // A shared block the sequence will write was just replaced by a private one: fill it now, so
@@ -65,6 +73,7 @@ int Step::add(KvPool::Sequence& seq, std::span<const int32_t> tokens, bool decod
   Item it{&seq, int(tokens_.size()), n, decode, out, logits};
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
   n_tokens_ += n;
+  n_outputs_ += n_out;
   items_.push_back(it);
   return int(items_.size()) - 1;
 }
@@ -91,7 +100,7 @@ void Step::run() {
       const int first_out_row = it.out == Output::All ? row : row + it.n_tokens - 1;
       it.first_output = int(output_rows_.size());
       it.first_logits = n_logit_rows;
-      it.n_outputs = it.out == Output::None ? 0 : it.out == Output::All ? it.n_tokens : 1;
+      it.n_outputs = outputs_of(it.out, it.n_tokens);
       if (it.draw >= 0) draws_[size_t(it.draw)].output = it.first_output;
       for (int r = 0; r < it.n_outputs; ++r) {
         output_rows_.push_back(first_out_row + r);
@@ -125,7 +134,7 @@ void Step::clear() {
   items_.clear();
   draws_.clear();
   tokens_.clear();
-  n_tokens_ = 0;
+  n_tokens_ = n_outputs_ = 0;
 }
 
 std::span<const int32_t> Step::argmax(int item) const {

@@ -26,6 +26,7 @@ struct EngineOptions {
   BackendKind backend = BackendKind::Auto;
   int n_threads = 0;         // CPU backend; 0 = all cores
   int max_tokens = 512;      // tokens per forward step
+  int max_outputs = 0;       // output rows (logits) and generated tokens per step; 0: max_tokens
   int block_size = kDefaultKvBlockSize;
   int n_blocks = 0;          // KV blocks in the pool
   // What the user changes when the KV cache and buffers do not fit in memory, e.g. "lower -c".
@@ -45,12 +46,14 @@ class Engine {
   KvPool& kv() { return kv_; }
   const std::string& backend_name() const { return backend_name_; }
   int max_tokens() const { return backend_->max_tokens(); }
+  int max_outputs() const { return backend_->max_outputs(); }
   // The backend's forward, counted: a step's logits live in the backend until the next one.
   void forward(const StepBatch& batch, StepOutput& out);
   uint64_t forwards() const { return forwards_; }
 
-  // Bytes a pool of n_blocks blocks plus buffers for max_tokens would take on this backend.
-  static int64_t memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens);
+  // Bytes a pool of n_blocks blocks plus buffers for steps of max_tokens tokens and max_outputs
+  // output rows would take on this backend.
+  static int64_t memory_needed(const Backend& b, int n_blocks, int block_size, int max_tokens, int max_outputs);
 
  private:
   static int checked_blocks(const Backend& b, const EngineOptions& o);
@@ -71,9 +74,11 @@ class Step {
   // Adds n = tokens.size() tokens at the sequence's next positions. decode: one generated token
   // (the decode kernels); otherwise prompt tokens. logits: copy the output rows' logits back (else
   // only their argmax). Returns the item's index, or -1 when the step has no room for n more
-  // tokens or the pool no room for their KV (then nothing changes).
+  // tokens or their output rows (a decode item takes one even without an output), or the pool no
+  // room for their KV (then nothing changes).
   int add(KvPool::Sequence& seq, std::span<const int32_t> tokens, bool decode, Output out, bool logits);
   int n_tokens() const { return n_tokens_; }
+  int n_outputs() const { return n_outputs_; }  // output rows, and generated tokens without one
   int n_items() const { return int(items_.size()); }
   bool empty() const { return items_.empty(); }
   // Asks the backend to draw the token of item's one output row (Output::Last) from
@@ -106,7 +111,7 @@ class Step {
   Engine& engine_;
   std::vector<Item> items_;
   std::vector<int32_t> tokens_;
-  int n_tokens_ = 0;
+  int n_tokens_ = 0, n_outputs_ = 0;
   StepOutput out_;
   uint64_t ran_as_ = 0;  // engine_.forwards() after this step's run
   // assembled by run()

@@ -18,11 +18,13 @@ static int context_size(const Model& model, const SessionOptions& opts) {
 
 static EngineOptions engine_options(const SessionOptions& o, int n_ctx) {
   if (o.ubatch <= 0) fail("micro-batch size ", o.ubatch, " must be positive");
+  if (o.max_outputs <= 0) fail("output rows per step ", o.max_outputs, " must be positive");
   if (o.kv_block_size <= 0) fail("KV block size ", o.kv_block_size, " must be positive");
   EngineOptions e;
   e.backend = o.backend;
   e.n_threads = o.n_threads;
   e.max_tokens = std::min(o.ubatch, n_ctx);
+  e.max_outputs = std::min(o.max_outputs, e.max_tokens);
   e.block_size = o.kv_block_size;
   e.n_blocks = (n_ctx + o.kv_block_size - 1) / o.kv_block_size;
   e.memory_hint = "lower -c (context size " + std::to_string(n_ctx) + ")";
@@ -33,6 +35,7 @@ Session::Session(const Model& model, SessionOptions opts)
     : model_(model),
       n_ctx_(context_size(model, opts)),
       ubatch_(std::min(opts.ubatch, n_ctx_)),
+      all_logits_ubatch_(std::min(opts.max_outputs, ubatch_)),
       engine_(model, engine_options(opts, n_ctx_)),
       seq_(engine_.kv()),
       step_(engine_) {}
@@ -41,6 +44,7 @@ Session::Session(const Model& model, SessionOptions opts, std::unique_ptr<Backen
     : model_(model),
       n_ctx_(context_size(model, opts)),
       ubatch_(std::min(opts.ubatch, n_ctx_)),
+      all_logits_ubatch_(std::min(opts.max_outputs, ubatch_)),
       engine_(model, engine_options(opts, n_ctx_), std::move(backend)),
       seq_(engine_.kv()),
       step_(engine_) {}
@@ -56,8 +60,9 @@ void Session::run(std::span<const int32_t> tokens, bool decode, Step::Output out
   if (tokens.empty()) fail("nothing to evaluate: no tokens");
   check_fits(tokens.size());
   logits_.clear();
-  for (size_t begin = 0; begin < tokens.size(); begin += size_t(ubatch_)) {
-    const size_t n = std::min(tokens.size() - begin, size_t(ubatch_));
+  const size_t ubatch = size_t(out == Step::Output::All ? all_logits_ubatch_ : ubatch_);
+  for (size_t begin = 0; begin < tokens.size(); begin += ubatch) {
+    const size_t n = std::min(tokens.size() - begin, ubatch);
     const bool last = begin + n == tokens.size();
     const Step::Output o = out == Step::Output::All ? out : last ? out : Step::Output::None;
     step_.clear();

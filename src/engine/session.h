@@ -12,7 +12,11 @@ namespace minfer {
 
 struct SessionOptions {
   int n_ctx = 0;         // 0: the model's context length capped at 8192
-  int ubatch = 512;      // prompt tokens per forward step
+  // Prompt tokens per forward step (docs/14 §19: 4096-token steps prefill a long prompt 10 % faster
+  // than 512-token ones) and the output rows a step may return logits for: eval_all, which wants
+  // every row's, runs micro-batches of at most max_outputs tokens (n_vocab floats a row).
+  int ubatch = 4096;
+  int max_outputs = 512;
   int n_threads = 0;     // CPU backend; 0 = hardware concurrency
   BackendKind backend = BackendKind::Auto;
   int kv_block_size = kDefaultKvBlockSize;
@@ -51,7 +55,7 @@ class Session {
   void run(std::span<const int32_t> tokens, bool decode, Step::Output out, bool logits);
   const Model& model_;
   int n_ctx_ = 0;
-  int ubatch_ = 512;
+  int ubatch_ = 0, all_logits_ubatch_ = 0;  // tokens a step, and a step of eval_all
   Engine engine_;
   KvPool::Sequence seq_;
   Step step_;

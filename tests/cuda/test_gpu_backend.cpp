@@ -494,6 +494,25 @@ TEST(GpuBackend, AllLogitsRowsMatchLastLogits) {
   EXPECT_EQ(std::memcmp(all.data() + all.size() - V, last.data(), V * 4), 0);  // the same head kernel
 }
 
+// eval_all cuts its micro-batches to the output rows a step holds (SessionOptions::max_outputs):
+// the prompt GEMMs plan their K split for a fixed token count and attention reads the cache the
+// same way, so 8-row micro-batches give the bits of one 40-row step.
+TEST(GpuBackend, AllLogitsDoNotDependOnTheOutputRowsAStepHolds) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("qwen2.5-0.5b");
+  const auto tokens = random_tokens(40, s.model.hp.n_vocab, 6);
+  std::vector<std::vector<float>> logits;
+  for (int max_outputs : {64, 8}) {
+    SessionOptions o;
+    o.n_ctx = 256;
+    o.max_outputs = max_outputs;
+    Session session(s.model, o, gpu_backend()(s.model));
+    logits.push_back(copy(session.eval_all(tokens)));
+  }
+  ASSERT_EQ(logits[0].size(), tokens.size() * size_t(s.model.hp.n_vocab));
+  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4), 0);
+}
+
 TEST(GpuBackend, FullContextIsAClearError) {
   MINFER_REQUIRE_GPU();
   const Synth& s = synth_model("tiny");

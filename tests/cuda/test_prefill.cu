@@ -381,6 +381,7 @@ TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
 // epilogue; a partial last m-tile and n-tile (m = 300, n = 264). Persistent: one CTA a tile here
 // (fewer tiles than SMs), and two CTAs walking all 6 or 18 tiles, so the ring's stages and phases
 // carry from one tile to the next and the producers fill a tile while the consumers store one.
+// The activation tiles by the tensor memory accelerator and by cp.async, both against the reference.
 TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
   REQUIRE_DEVICE();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "256-token tiles need warpgroup MMA";
@@ -403,25 +404,29 @@ TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
     } else {
       g.bias = bias.ptr, g.residual = residual.ptr, g.k_splits = std::string(what) == "split-K" ? 3 : 1;
     }
-    const auto run = [&](int ws, int ctas, DeviceBuffer<float>& out, DeviceBuffer<uint16_t>& out_plane) {
-      g.warp_specialized = ws, g.ctas = ctas, g.y = out.ptr;
+    const auto run = [&](int ws, int ctas, int tma, DeviceBuffer<float>& out, DeviceBuffer<uint16_t>& out_plane) {
+      g.warp_specialized = ws, g.ctas = ctas, g.tma = tma, g.y = out.ptr;
       if (g.w_up) g.y_bf16 = out_plane.ptr;
       out.fill_bytes(0xFF);
       out_plane.fill_bytes(0xFF);
       ASSERT_EQ(cuda::prefill_gemm_plan(g).warp_specialized, ws == 1) << what;
+      ASSERT_EQ(cuda::prefill_gemm_plan(g).tma, ws == 1 && tma == 1) << what;
       cuda::launch_prefill_gemm(g, nullptr);
       check(cudaDeviceSynchronize(), what);
     };
-    run(-1, 0, y_ref, plane_ref);
+    run(-1, 0, 0, y_ref, plane_ref);
     const std::vector<float> a = y_ref.download();
     const std::vector<uint16_t> pa = plane_ref.download();
-    for (const int ctas : {0, 2}) {
-      run(1, ctas, y, plane);
-      const std::vector<float> b = y.download();
-      const std::vector<uint16_t> pb = plane.download();
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << type_traits(type).name << " " << what << " ctas " << ctas;
-      EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 2), 0) << type_traits(type).name << " " << what << " ctas " << ctas;
-    }
+    for (const int ctas : {0, 2})
+      for (const int tma : {1, -1}) {
+        run(1, ctas, tma, y, plane);
+        const std::vector<float> b = y.download();
+        const std::vector<uint16_t> pb = plane.download();
+        const std::string where = std::string(type_traits(type).name) + " " + what + " ctas " + std::to_string(ctas) +
+                                  (tma == 1 ? " tma" : " cp.async");
+        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << where;
+        EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 2), 0) << where;
+      }
   }
 }
 

@@ -33,13 +33,16 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   int max_tokens() const override { return max_tokens_; }
+  int max_outputs() const override { return max_outputs_; }
 
   int64_t kv_block_bytes(int block_size) const override {
     return int64_t(model_.hp.n_layer) * 2 * block_size * kv_width() * int64_t(sizeof(float));
   }
-  int64_t workspace_bytes(int max_tokens) const override {
-    int64_t floats = 0;  // every slot, the logits of every row included
-    for (int s = 0; s < kNumSlots; ++s) floats += int64_t(max_tokens) * graph_.slot_width[size_t(s)];
+  int64_t workspace_bytes(int max_tokens, int max_outputs) const override {
+    int64_t floats = 0;  // every slot; the logits and the gathered rows of the output rows
+    for (int s = 0; s < kNumSlots; ++s)
+      floats += int64_t(s == kLogits ? max_outputs : max_tokens) * graph_.slot_width[size_t(s)];
+    floats += int64_t(max_outputs) * graph_.slot_width[kH];
     return floats * int64_t(sizeof(float));
   }
   int64_t memory_available() const override {
@@ -51,13 +54,15 @@ class CpuBackend final : public Backend {
     return int64_t(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE);
   }
 
-  void reserve(int n_blocks, int block_size, int max_tokens) override {
-    if (n_blocks <= 0 || block_size <= 0 || max_tokens <= 0)
-      fail("cpu backend: invalid sizes n_blocks=", n_blocks, " block_size=", block_size, " max_tokens=", max_tokens);
+  void reserve(int n_blocks, int block_size, int max_tokens, int max_outputs) override {
+    if (n_blocks <= 0 || block_size <= 0 || max_tokens <= 0 || max_outputs <= 0 || max_outputs > max_tokens)
+      fail("cpu backend: invalid sizes n_blocks=", n_blocks, " block_size=", block_size, " max_tokens=", max_tokens,
+           " max_outputs=", max_outputs);
     if (max_tokens_) fail("cpu backend: reserve called twice");
     n_blocks_ = n_blocks;
     block_size_ = block_size;
     max_tokens_ = max_tokens;
+    max_outputs_ = max_outputs;
     const size_t cache_floats = size_t(n_blocks) * size_t(block_size) * size_t(kv_width());
     k_cache_.assign(size_t(model_.hp.n_layer), std::vector<float>(cache_floats));
     v_cache_.assign(size_t(model_.hp.n_layer), std::vector<float>(cache_floats));
@@ -79,7 +84,7 @@ class CpuBackend final : public Backend {
 
   void forward(const StepBatch& batch, StepOutput& result) override {
     const HParams& hp = model_.hp;
-    validate_step(batch, max_tokens_, n_blocks_, block_size_, hp.n_vocab);
+    validate_step(batch, max_tokens_, max_outputs_, n_blocks_, block_size_, hp.n_vocab);
     const int n_tokens = int(batch.tokens.size());
     positions_.clear();
     for (const SeqChunk& c : batch.chunks)
@@ -188,7 +193,7 @@ class CpuBackend final : public Backend {
   std::vector<float> draw_weight_;  // draw_softmax's scratch
   std::vector<double> draw_block_sum_;
   std::vector<float> gathered_, logits_, wanted_logits_;  // wanted_logits_: the flagged rows, when not all are
-  int n_blocks_ = 0, block_size_ = 0, max_tokens_ = 0, step_ = 0;
+  int n_blocks_ = 0, block_size_ = 0, max_tokens_ = 0, max_outputs_ = 0, step_ = 0;
 };
 
 }  // namespace

@@ -78,7 +78,7 @@ struct CudaBackend::Impl {
   LoadStats stats;
 
   // sized by reserve()
-  int n_blocks = 0, block_size = 0, max_tokens = 0, decode_splits = 1;
+  int n_blocks = 0, block_size = 0, max_tokens = 0, max_outputs = 0, decode_splits = 1;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
   DeviceArray<uint8_t> q8;     // the q8 activation plane's buffer (q8_plane)
@@ -177,26 +177,41 @@ struct CudaBackend::Impl {
     return int64_t(most) + 3 * 256;  // the runs of one group start 256-byte aligned (prompt_stacked)
   }
   int splits_for_decode() const { return std::max(1, (2 * ctx.sm_count + hp.n_head_kv - 1) / hp.n_head_kv); }
-  int64_t workspace_bytes(int tokens) const {
-    int64_t floats = 0, max_width = 0;
-    for (int s = 0; s < kNumPlanSlots; ++s) {
-      floats += int64_t(tokens) * width(s);
-      max_width = std::max(max_width, width(s));
-    }
-    floats += attention_workspace_floats(tokens, hp.n_head, hp.head_dim, splits_for_decode());
-    return floats * 4 + q8_plane_bytes(tokens, int(max_width)) + 2 * (int64_t(tokens) * max_width * 2) +
+  // Rows of the buffers of output rows and generated tokens (at most `outputs` a step: the logits,
+  // the gathered output rows, the decode attention's partials), a captured decode step's padded
+  // to its bucket; rows of slot s.
+  static int output_capacity(int tokens, int outputs) { return std::min(bucket_rows(outputs), tokens); }
+  static int64_t slot_rows(int s, int tokens, int outputs) {
+    return s == kLogits || s == kOutputRowsSlot ? output_capacity(tokens, outputs) : tokens;
+  }
+  // The widest matmul input, the width of the q8 and bf16 activation planes (the logits are no
+  // matmul's input).
+  int64_t input_width() const {
+    int64_t most = 0;
+    for (int s = 0; s < kNumPlanSlots; ++s)
+      if (s != kLogits) most = std::max(most, width(s));
+    return most;
+  }
+  int64_t workspace_bytes(int tokens, int outputs) const {
+    int64_t floats = 0;
+    for (int s = 0; s < kNumPlanSlots; ++s) floats += slot_rows(s, tokens, outputs) * width(s);
+    floats += attention_workspace_floats(output_capacity(tokens, outputs), hp.n_head, hp.head_dim, splits_for_decode());
+    const int64_t planes = input_width();
+    return floats * 4 + q8_plane_bytes(tokens, int(planes)) + 2 * (int64_t(tokens) * planes * 2) +
            gemm_workspace_needed(tokens) + int64_t(tokens) * 64;
   }
 
-  void reserve(int n_blocks_, int block_size_, int max_tokens_) {
-    if (n_blocks_ <= 0 || block_size_ <= 0 || max_tokens_ <= 0)
-      fail("cuda backend: invalid sizes n_blocks=", n_blocks_, " block_size=", block_size_, " max_tokens=", max_tokens_);
+  void reserve(int n_blocks_, int block_size_, int max_tokens_, int max_outputs_) {
+    if (n_blocks_ <= 0 || block_size_ <= 0 || max_tokens_ <= 0 || max_outputs_ <= 0 || max_outputs_ > max_tokens_)
+      fail("cuda backend: invalid sizes n_blocks=", n_blocks_, " block_size=", block_size_, " max_tokens=", max_tokens_,
+           " max_outputs=", max_outputs_);
     if (block_size_ & (block_size_ - 1)) fail("cuda backend: the KV block size ", block_size_, " is not a power of two");
     if (max_tokens) fail("cuda backend: reserve called twice");
     ctx.make_current();
     n_blocks = n_blocks_;
     block_size = block_size_;
     max_tokens = max_tokens_;
+    max_outputs = max_outputs_;
     // One block past the pool: the padding rows of captured decode graphs write their K/V there.
     const size_t cache_elems = size_t(n_blocks + 1) * size_t(block_size) * size_t(kv_width());
     for (int l = 0; l < hp.n_layer; ++l) {
@@ -204,20 +219,19 @@ struct CudaBackend::Impl {
       v_cache.emplace_back(cache_elems, "cudaMalloc (KV cache)");
       stats.kv_bytes += int64_t(2 * cache_elems * 2);
     }
-    int64_t max_width = 0;
-    for (int s = 0; s < kNumPlanSlots; ++s) {
-      slots[size_t(s)] = DeviceArray<float>(size_t(max_tokens) * size_t(width(s)));
-      max_width = std::max(max_width, width(s));
-    }
-    q8 = DeviceArray<uint8_t>(size_t(q8_plane_bytes(max_tokens, int(max_width))));
-    for (DeviceArray<uint16_t>& plane : bf16) plane = DeviceArray<uint16_t>(size_t(max_tokens) * size_t(max_width));
+    for (int s = 0; s < kNumPlanSlots; ++s)
+      slots[size_t(s)] = DeviceArray<float>(size_t(slot_rows(s, max_tokens, max_outputs)) * size_t(width(s)));
+    const int64_t planes = input_width();
+    q8 = DeviceArray<uint8_t>(size_t(q8_plane_bytes(max_tokens, int(planes))));
+    for (DeviceArray<uint16_t>& plane : bf16) plane = DeviceArray<uint16_t>(size_t(max_tokens) * size_t(planes));
     decode_splits = splits_for_decode();
-    attn_part = DeviceArray<float>(size_t(attention_workspace_floats(max_tokens, hp.n_head, hp.head_dim, decode_splits)));
+    attn_part = DeviceArray<float>(size_t(
+        attention_workspace_floats(output_capacity(max_tokens, max_outputs), hp.n_head, hp.head_dim, decode_splits)));
     gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
     d_rows = DeviceArray<int32_t>(6 * size_t(max_tokens));
     argmax_candidates = DeviceArray<ArgmaxCandidate>(size_t(max_tokens) * kArgmaxSlices);
     d_chunks = DeviceArray<int32_t>(4 * size_t(max_tokens) + 2 * 2 * size_t(max_tokens));
-    stats.workspace_bytes = workspace_bytes(max_tokens);
+    stats.workspace_bytes = workspace_bytes(max_tokens, max_outputs);
   }
 
   void copy_blocks(std::span<const BlockCopy> copies) {
@@ -331,7 +345,7 @@ struct CudaBackend::Impl {
   }
 
   void forward(const StepBatch& b, StepOutput& result) {
-    validate_step(b, max_tokens, n_blocks, block_size, hp.n_vocab);
+    validate_step(b, max_tokens, max_outputs, n_blocks, block_size, hp.n_vocab);
     ctx.make_current();
     const int n = int(b.tokens.size());
     int decode_rows = 0;
@@ -751,17 +765,20 @@ CudaBackend::~CudaBackend() = default;
 int64_t CudaBackend::kv_block_bytes(int block_size) const {
   return int64_t(impl_->hp.n_layer) * 2 * block_size * impl_->kv_width() * 2;
 }
-int64_t CudaBackend::workspace_bytes(int max_tokens) const { return impl_->workspace_bytes(max_tokens); }
+int64_t CudaBackend::workspace_bytes(int max_tokens, int max_outputs) const {
+  return impl_->workspace_bytes(max_tokens, max_outputs);
+}
 int64_t CudaBackend::memory_available() const {
   impl_->ctx.make_current();
   size_t free_bytes = 0, total_bytes = 0;
   check(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   return int64_t(free_bytes);
 }
-void CudaBackend::reserve(int n_blocks, int block_size, int max_tokens) {
-  impl_->reserve(n_blocks, block_size, max_tokens);
+void CudaBackend::reserve(int n_blocks, int block_size, int max_tokens, int max_outputs) {
+  impl_->reserve(n_blocks, block_size, max_tokens, max_outputs);
 }
 int CudaBackend::max_tokens() const { return impl_->max_tokens; }
+int CudaBackend::max_outputs() const { return impl_->max_outputs; }
 void CudaBackend::copy_blocks(std::span<const BlockCopy> copies) { impl_->copy_blocks(copies); }
 void CudaBackend::forward(const StepBatch& batch, StepOutput& out) { impl_->forward(batch, out); }
 void CudaBackend::census_next_step() { impl_->census_next = true; }

@@ -44,10 +44,11 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   int64_t kv_block_bytes(int block_size) const override;
-  int64_t workspace_bytes(int max_tokens) const override;
+  int64_t workspace_bytes(int max_tokens, int max_outputs) const override;
   int64_t memory_available() const override;
-  void reserve(int n_blocks, int block_size, int max_tokens) override;
+  void reserve(int n_blocks, int block_size, int max_tokens, int max_outputs) override;
   int max_tokens() const override;
+  int max_outputs() const override;
   void copy_blocks(std::span<const BlockCopy> copies) override;
   void forward(const StepBatch& batch, StepOutput& out) override;
 

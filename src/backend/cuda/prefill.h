@@ -97,6 +97,10 @@ struct PrefillGemm {
   // but "0"; 1 forces it, -1 the kernel whose warpgroups both dequantize and multiply. The same
   // bits either way.
   int warp_specialized = 0;
+  // Warp-specialized tiles: 0 has the tensor memory accelerator copy each stage's activation tile
+  // (one instruction a stage) unless MINFER_NO_GEMM_TMA is set to anything but "0"; 1 forces it, -1
+  // has every producer thread copy its 16-byte pieces (cp.async). The same bits either way.
+  int tma = 0;
   // Warp-specialized tiles run persistent: 0 launches one CTA an SM, each walking the launch's
   // tiles in turn; n > 0 launches at most n (tests: several tiles a CTA).
   int ctas = 0;
@@ -133,6 +137,7 @@ struct PrefillGemmPlan {
   int k_splits = 1;
   bool wgmma = false;
   bool warp_specialized = false;  // 256-token tiles: producer and consumer warpgroups
+  bool tma = false;               // warp-specialized: activation tiles by the tensor memory accelerator
   int ctas = 0;                   // warp-specialized: the persistent grid
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);

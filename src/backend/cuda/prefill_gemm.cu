@@ -8,6 +8,9 @@
 // dequantized into the other shared buffer after it.
 // Split-K (small grids): blockIdx.z selects a slice of the K steps; the CTA stores its raw f32
 // accumulators into a workspace plane and splitk_reduce_kernel sums the planes in slice order.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -74,6 +77,7 @@ struct GemmParams {
   float* partial;   // split-K: [gridDim.z][m][n] raw accumulators, bias/residual left to the reduce
   const uint8_t* w_up;  // SwiGLU (PrefillGemm::w_up; one segment), or null
   uint16_t* y_bf16;     // SwiGLU: y's bf16 plane, or null
+  bool a_tma;           // warp-specialized: the activation tiles come by the tensor map
 };
 
 // The segment holding launch column `col`, and its first column. Selects rather than indexes, so
@@ -630,12 +634,13 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
 }
 
 // ---- warp-specialized 256 x 128 tiles ------------------------------------------------------------
-// Four warpgroups. Two producers copy each step's activation tile (cp.async) and dequantize the
-// weight tile (two threads a row, as prefill_gemm_kernel's 256 threads do) into a ring of
-// kWsStages stages, running ahead of the multiply; two consumers (128 tokens each) wait for a
-// stage, issue its wgmma, and release the stage before when that one's wgmma has completed. Per
-// stage two mbarriers: full (256 cp.async arrivals and 256 arrivals after the weight stores) and
-// empty (256 consumer arrivals). Every output sums the same k16 slices in the same order as
+// Four warpgroups. Two producers have each step's activation tile copied (by the tensor memory
+// accelerator, or cp.async) and dequantize the weight tile (two threads a row, as
+// prefill_gemm_kernel's 256 threads do) into a ring of kWsStages stages, running ahead of the
+// multiply; two consumers (128 tokens each) wait for a stage, issue its wgmma, and release the
+// stage before when that one's wgmma has completed. Per stage two mbarriers: full (256 arrivals
+// after the weight stores, plus the copy's bytes or 256 cp.async arrivals) and empty (256
+// consumer arrivals). Every output sums the same k16 slices in the same order as
 // prefill_gemm_kernel<T, 256, 128, kSplitK, true>: the same bits. The dequantization no longer
 // waits behind a block barrier for the multiply, nor the multiply for the dequantization.
 // One producer warpgroup (a thread a row) was measured too: the consumers then waited for it
@@ -645,8 +650,9 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
 constexpr int kWsStages = 4;
 constexpr int kWsProducerThreads = 256;
 constexpr int kWsThreads = kWsProducerThreads + 256;
-// The register file split by setmaxnreg: 256 x 96 + 256 x 160 = 512 x 128 (ptxas: no spills but
-// 24 bytes in the q6_K producer; consumers hold 128 accumulators).
+// The register file split by setmaxnreg: 256 x 96 + 256 x 160 = 512 x 128 (ptxas: no spills;
+// consumers hold 128 accumulators). Loading the weights three steps ahead instead of two spilled
+// the q6_K producer and was slower (docs/14 §21).
 constexpr int kWsProducerRegisters = 96, kWsConsumerRegisters = 160;
 struct WsShape {
   static constexpr int kAStageBytes = 256 * Tile::kRowBytes;
@@ -682,8 +688,12 @@ struct WsWork {
   }
 };
 
+// With p.a_tma, one producer thread has the tensor memory accelerator copy a stage's activation
+// tile through a_map (x as a k-by-m bf16 tensor, boxes of 64 x 256 elements, 128-byte swizzle:
+// the Tile layout) instead of 16-byte cp.async copies by every producer thread.
 template <GgmlType T, bool kSplitK>
-__global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const GemmParams p) {
+__global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const GemmParams p,
+                                                                        const __grid_constant__ CUtensorMap a_map) {
   if constexpr (!device_has_wgmma()) __trap();
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t base = shared_address(smem);
@@ -703,7 +713,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
 
   if (tid == 0)
     for (int s = 0; s < kWsStages; ++s) {
-      mbarrier_init(full(s), 2 * kWsProducerThreads);
+      // Every producer thread arrives once for its weight rows, and once more for its cp.async copies.
+      mbarrier_init(full(s), p.a_tma ? kWsProducerThreads : 2 * kWsProducerThreads);
       mbarrier_init(empty(s), 256);
     }
   __syncthreads();  // the last block-wide barrier: the warpgroups part here
@@ -738,13 +749,20 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
       const auto produce = [&](int step, WeightChunk<T, kParts>& w) {
         const int s = (ring + step) % kWsStages;
         mbarrier_wait(empty(s), (((ring + step) / kWsStages) & 1) ^ 1);  // the first round passes at once
+        if (p.a_tma) {
+          if (tid == 0) {  // before its own arrival below, so the phase cannot end without these bytes
+            mbarrier_expect_tx(full(s), WsShape::kAStageBytes);
+            tma_load_2d(a_stage(s), &a_map, (t.first_step + step) * kBK, t.m0, full(s));
+          }
+        } else {
 #pragma unroll
-        for (int i = 0; i < 256 / kRowsPerPass; ++i) {
-          const bool valid = kRowsPerPass * i < a_rows_valid;  // an invalid copy zero-fills from row m - 1
-          cp_async16(a_stage(s) + a_dst + uint32_t(i * kRowsPerPass * Tile::kRowBytes),
-                     a_src + (valid ? i * a_pass_stride : 0) + step * kBK, valid);
+          for (int i = 0; i < 256 / kRowsPerPass; ++i) {
+            const bool valid = kRowsPerPass * i < a_rows_valid;  // an invalid copy zero-fills from row m - 1
+            cp_async16(a_stage(s) + a_dst + uint32_t(i * kRowsPerPass * Tile::kRowBytes),
+                       a_src + (valid ? i * a_pass_stride : 0) + step * kBK, valid);
+          }
+          cp_async_mbarrier_arrive(full(s));
         }
-        cp_async_mbarrier_arrive(full(s));
         uint8_t* dst = tiles_ptr + b_offset(s);
         const auto scales = w.scales();
         const int chunk0 = w_part * PartShape<kParts>::kChunks;
@@ -864,11 +882,35 @@ void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stre
   }
 }
 
+// The activation plane x (m rows of k bf16, ldx apart) as the 2-D tensor map the warp-specialized
+// producers copy 64 x 256 boxes of (zeros past row m). The encoder comes from the driver through
+// the runtime, so nothing links libcuda.
+CUtensorMap activation_tensor_map(const GemmParams& p) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+      fail("prefill GEMM: the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(e), "); set MINFER_NO_GEMM_TMA=1");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(p.k), cuuint64_t(p.m)};
+  const cuuint64_t row_stride[1] = {cuuint64_t(p.ldx) * 2};
+  const cuuint32_t box[2] = {kBK, 256}, element_strides[2] = {1, 1};
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.x), dims, row_stride, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail("prefill GEMM: cuTensorMapEncodeTiled failed (error ", int(r), ") for ", p.m, " x ", p.k);
+  return map;
+}
+
 template <GgmlType T, bool kSplitK>
 void launch_warp_specialized(const GemmParams& p, int ctas, cudaStream_t stream) {
   constexpr int smem = WsShape::kSmemBytes;
   reserve_dynamic_shared_memory(prefill_gemm_ws_kernel<T, kSplitK>, smem, "prefill GEMM");
-  prefill_gemm_ws_kernel<T, kSplitK><<<ctas, kWsThreads, smem, stream>>>(p);
+  const CUtensorMap a_map = p.a_tma ? activation_tensor_map(p) : CUtensorMap{};
+  prefill_gemm_ws_kernel<T, kSplitK><<<ctas, kWsThreads, smem, stream>>>(p, a_map);
 }
 
 template <GgmlType T>
@@ -1044,6 +1086,7 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
     const int64_t items = (g.m + 255) / 256 * ((g.n + 127) / 128) * plan.k_splits;
     const int64_t most = g.ctas > 0 ? g.ctas : env_flag("MINFER_NO_PERSISTENT_GEMM") ? items : sm_count;
     plan.ctas = int(std::min<int64_t>(items, most));
+    plan.tma = g.tma == 1 || (g.tma == 0 && !env_flag("MINFER_NO_GEMM_TMA"));
   }
   // The n-tile follows the tokens actually present (it does not change any output's sums).
   plan.n_tile = plan_n_tile(g, plan, sm_count);
@@ -1068,6 +1111,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   if (g.warp_specialized < -1 || g.warp_specialized > 1)
     fail("prefill GEMM: warp_specialized ", g.warp_specialized, " is not -1, 0 or 1");
   if (g.ctas < 0) fail("prefill GEMM: ctas ", g.ctas, " is negative");
+  if (g.tma < -1 || g.tma > 1) fail("prefill GEMM: tma ", g.tma, " is not -1, 0 or 1");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
   if (!g.x) fail("prefill GEMM: null activation pointer");
@@ -1121,6 +1165,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   p.x = g.x, p.ldx = g.ldx, p.residual = g.residual;
   p.slice_steps = (steps + plan.k_splits - 1) / plan.k_splits;
   p.w_up = static_cast<const uint8_t*>(g.w_up), p.y_bf16 = g.y_bf16;
+  p.a_tma = plan.tma;
   if (plan.k_splits > 1) {
     const size_t need = split_k_bytes(plan, g.m, n_all);
     if (!g.workspace || need > g.workspace_bytes)

@@ -207,6 +207,19 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
 __device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// The phase also waits for `bytes` more to land by the tensor memory accelerator (no arrival).
+__device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// The tensor memory accelerator copies the box of a 2-D tensor map at element coordinates
+// (inner, outer) to shared memory at dst (laid out and swizzled as the map says; rows past the
+// tensor are zero-filled) and counts its bytes on the barrier bar.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map, int inner, int outer, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::
+          "r"(dst), "l"(tensor_map), "r"(inner), "r"(outer), "r"(bar)
+      : "memory");
+}
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
