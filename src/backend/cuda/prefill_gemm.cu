@@ -637,8 +637,8 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
 // Four warpgroups. Two producers have each step's activation tile copied (by the tensor memory
 // accelerator, or cp.async) and dequantize the weight tile (two threads a row, as
 // prefill_gemm_kernel's 256 threads do) into a ring of kWsStages stages, running ahead of the
-// multiply; two consumers (128 tokens each) wait for a stage, issue its wgmma, and release the
-// stage before when that one's wgmma has completed. Per stage two mbarriers: full (256 arrivals
+// multiply; two consumers (128 tokens each) wait for a stage, issue its wgmma, and release it
+// when that has completed. Per stage two mbarriers: full (256 arrivals
 // after the weight stores, plus the copy's bytes or 256 cp.async arrivals) and empty (256
 // consumer arrivals). Every output sums the same k16 slices in the same order as
 // prefill_gemm_kernel<T, 256, 128, kSplitK, true>: the same bits. The dequantization no longer
@@ -807,11 +807,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
                           sw128_descriptor(a_stage(s) + (consumer * 128 + i * 64) * Tile::kRowBytes + kk * 32),
                           sw128_descriptor(tiles + b_offset(s) + kk * 32));
       wgmma_commit();
-      wgmma_wait<1>();  // the step before is done: its stage may be refilled
-      if (step > 0) mbarrier_arrive(empty((ring + step - 1) % kWsStages));
+      // This step's multiply done, its stage may be refilled: a consumer holds one stage, not two
+      // (the other consumer warpgroup keeps the tensor cores busy meanwhile; docs/14 §21).
+      wgmma_wait<0>();
+      mbarrier_arrive(empty(s));
     }
-    wgmma_wait<0>();
-    mbarrier_arrive(empty((ring + t.steps - 1) % kWsStages));  // the tile's last stage
     ring += t.steps;
 #pragma unroll
     for (int i = 0; i < 2; ++i)
