@@ -638,11 +638,11 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
 // accelerator, or cp.async) and dequantize the weight tile (two threads a row, as
 // prefill_gemm_kernel's 256 threads do) into a ring of kWsStages stages, running ahead of the
 // multiply; two consumers (128 tokens each) wait for a stage, issue its wgmma, and release it
-// when that has completed. Per stage two mbarriers: full (256 arrivals
-// after the weight stores, plus the copy's bytes or 256 cp.async arrivals) and empty (256
-// consumer arrivals). Every output sums the same k16 slices in the same order as
-// prefill_gemm_kernel<T, 256, 128, kSplitK, true>: the same bits. The dequantization no longer
-// waits behind a block barrier for the multiply, nor the multiply for the dequantization.
+// when that has completed. Per stage two mbarriers: full (256 arrivals after the weight stores,
+// plus the copy's bytes or 256 cp.async arrivals) and empty (256 consumer arrivals). Every output
+// sums the same k16 slices in the same order as prefill_gemm_kernel<T, 256, 128, kSplitK, true>:
+// the same bits. The dequantization no longer waits behind a block barrier for the multiply, nor
+// the multiply for the dequantization.
 // One producer warpgroup (a thread a row) was measured too: the consumers then waited for it
 // (docs/14 §13).
 // REQUIRES: blockDim.x == kWsThreads; grid and K range as prefill_gemm_kernel with kBM = 256,
