@@ -173,6 +173,23 @@ TEST(Engine, OutputRowsAreBoundedApartFromTokens) {
   EXPECT_THROW(Engine(model(), bad), Error);
 }
 
+// A session's prompt steps: the backend's default (512 tokens on the CPU, where longer steps
+// only take memory; 4096 on CUDA), an explicit size, both within the context.
+TEST(Session, PromptStepsFollowTheBackendUnlessSet) {
+  SessionOptions o;
+  o.backend = BackendKind::Cpu;
+  o.n_threads = 2;
+  o.n_ctx = 1024;
+  EXPECT_EQ(Session(model(), o).engine().max_tokens(), 512);
+  o.ubatch = 64;
+  EXPECT_EQ(Session(model(), o).engine().max_tokens(), 64);
+  o.n_ctx = 32;
+  o.ubatch = 0;
+  EXPECT_EQ(Session(model(), o).engine().max_tokens(), 32);
+  o.ubatch = -1;
+  EXPECT_THROW(Session(model(), o), Error);
+}
+
 TEST(Session, AllLogitsDoNotDependOnTheOutputRowsAStepHolds) {
   const std::vector<int32_t> tokens = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2};
   std::vector<std::vector<float>> logits;

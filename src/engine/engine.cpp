@@ -13,9 +13,10 @@ BackendKind parse_backend_kind(const std::string& s) {
   fail("unknown backend '", s, "' (expected cpu, cuda or auto)");
 }
 
+bool runs_on_cuda(BackendKind kind) { return kind == BackendKind::Cuda || (kind == BackendKind::Auto && cuda_available()); }
+
 std::unique_ptr<Backend> make_backend(const Model& model, BackendKind kind, int n_threads) {
-  const bool use_cuda = kind == BackendKind::Cuda || (kind == BackendKind::Auto && cuda_available());
-  return use_cuda ? make_cuda_backend(model) : make_cpu_backend(model, n_threads);
+  return runs_on_cuda(kind) ? make_cuda_backend(model) : make_cpu_backend(model, n_threads);
 }
 
 namespace {

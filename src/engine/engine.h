@@ -16,6 +16,7 @@ namespace minfer {
 
 enum class BackendKind { Cpu, Cuda, Auto };
 BackendKind parse_backend_kind(const std::string& s);  // "cpu" | "cuda" | "auto"
+bool runs_on_cuda(BackendKind kind);  // Cuda, or Auto with a device present
 // The backend `kind` names (Auto: CUDA when a device is present); n_threads for the CPU backend.
 std::unique_ptr<Backend> make_backend(const Model& model, BackendKind kind, int n_threads);
 

@@ -16,14 +16,19 @@ static int context_size(const Model& model, const SessionOptions& opts) {
   return opts.n_ctx > 0 ? opts.n_ctx : std::min(model_ctx, kDefaultContextCap);
 }
 
-static EngineOptions engine_options(const SessionOptions& o, int n_ctx) {
-  if (o.ubatch <= 0) fail("micro-batch size ", o.ubatch, " must be positive");
+// SessionOptions::ubatch resolved for a backend, within the context.
+static int prompt_step(const SessionOptions& o, bool cuda, int n_ctx) {
+  if (o.ubatch < 0) fail("micro-batch size ", o.ubatch, " must be positive (or 0: the backend's default)");
+  return std::min(o.ubatch > 0 ? o.ubatch : cuda ? 4096 : 512, n_ctx);
+}
+
+static EngineOptions engine_options(const SessionOptions& o, int n_ctx, int ubatch) {
   if (o.max_outputs <= 0) fail("output rows per step ", o.max_outputs, " must be positive");
   if (o.kv_block_size <= 0) fail("KV block size ", o.kv_block_size, " must be positive");
   EngineOptions e;
   e.backend = o.backend;
   e.n_threads = o.n_threads;
-  e.max_tokens = std::min(o.ubatch, n_ctx);
+  e.max_tokens = ubatch;
   e.max_outputs = std::min(o.max_outputs, e.max_tokens);
   e.block_size = o.kv_block_size;
   e.n_blocks = (n_ctx + o.kv_block_size - 1) / o.kv_block_size;
@@ -34,18 +39,18 @@ static EngineOptions engine_options(const SessionOptions& o, int n_ctx) {
 Session::Session(const Model& model, SessionOptions opts)
     : model_(model),
       n_ctx_(context_size(model, opts)),
-      ubatch_(std::min(opts.ubatch, n_ctx_)),
+      ubatch_(prompt_step(opts, runs_on_cuda(opts.backend), n_ctx_)),
       all_logits_ubatch_(std::min(opts.max_outputs, ubatch_)),
-      engine_(model, engine_options(opts, n_ctx_)),
+      engine_(model, engine_options(opts, n_ctx_, ubatch_)),
       seq_(engine_.kv()),
       step_(engine_) {}
 
 Session::Session(const Model& model, SessionOptions opts, std::unique_ptr<Backend> backend)
     : model_(model),
       n_ctx_(context_size(model, opts)),
-      ubatch_(std::min(opts.ubatch, n_ctx_)),
+      ubatch_(prompt_step(opts, backend->name() == "cuda", n_ctx_)),
       all_logits_ubatch_(std::min(opts.max_outputs, ubatch_)),
-      engine_(model, engine_options(opts, n_ctx_), std::move(backend)),
+      engine_(model, engine_options(opts, n_ctx_, ubatch_), std::move(backend)),
       seq_(engine_.kv()),
       step_(engine_) {}
 

@@ -12,10 +12,11 @@ namespace minfer {
 
 struct SessionOptions {
   int n_ctx = 0;         // 0: the model's context length capped at 8192
-  // Prompt tokens per forward step (docs/14 §19: 4096-token steps prefill a long prompt 10 % faster
-  // than 512-token ones) and the output rows a step may return logits for: eval_all, which wants
-  // every row's, runs micro-batches of at most max_outputs tokens (n_vocab floats a row).
-  int ubatch = 4096;
+  // Prompt tokens per forward step; 0: 4096 on CUDA (docs/14 §19: 4096-token steps prefill a long
+  // prompt 10 % faster than 512-token ones), 512 on the CPU (where longer steps only take memory).
+  int ubatch = 0;
+  // The output rows a step may return logits for: eval_all, which wants every row's, runs
+  // micro-batches of at most this many tokens (n_vocab floats a row).
   int max_outputs = 512;
   int n_threads = 0;     // CPU backend; 0 = hardware concurrency
   BackendKind backend = BackendKind::Auto;
