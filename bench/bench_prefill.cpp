@@ -11,9 +11,9 @@
 // .../mtile256/splitS both; gemm/7B/ffn_gate_up_swiglu/<type>/M<m> is gate, up and the swiglu in
 // one GEMM (TFLOP/s counts both products); gemm/7B/attn_qkv_stacked, attn_qk_stacked and
 // attn_v/q6_K/M<m>/planqkv are q, k and v as the engine launches them;
-// gemm/7B/<matrix>/<type>/M<m>/plan512[/ntileT] are short prompts with the engine's K split
-// (planned for 512 tokens and the matrix's q/k/v or gate/up group) and the automatic or a forced
-// n-tile.
+// gemm/7B/<matrix>/<type>/M<m>/plan512[/ntileT] are prompts with the engine's K split (planned
+// for 512 tokens and the matrix's q/k/v or gate/up group: what the engine runs at 4096 tokens too,
+// where the automatic plan of .../M4096 would not split) and the automatic or a forced n-tile.
 //   bench_prefill --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 // Split-K A/B of the small-N matrices only:
 //   bench_prefill --benchmark_filter='^gemm/(7B|14B)/(attn_.|attn_output|ffn_down)/' \
@@ -297,8 +297,9 @@ int register_all() {
   // Prompts as the engine runs them (the K split planned for 512 tokens and the group's rows): the automatic n-tile
   // and each forced width, per 7B matrix (the sweep plan_n_tile was fitted to).
   for (const PromptGemm& g : mix7b)
-    for (int64_t m : {16, 70, 128, 256, 512})
+    for (int64_t m : {16, 70, 128, 256, 512, 4096})
       for (int n_tile : {0, 128, 64, 32}) {
+        if (m > 512 && n_tile != 0) continue;  // long prompts: the engine's plan only
         const std::string name = "gemm/7B/" + g.matrix + "/" + type_traits(g.type).name + "/M" + std::to_string(m) +
                                  "/plan512" + (n_tile ? "/ntile" + std::to_string(n_tile) : "");
         add(name, [=](benchmark::State& s) {
