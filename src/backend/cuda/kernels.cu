@@ -575,6 +575,9 @@ __global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, con
 // A thread takes kRopeKvPairs pairs blockDim.x apart: with one pair a thread, a 4096-token prompt
 // was 74k blocks of 128 threads, and the block scheduling, not the 150 MB a 7B layer moves, set
 // the time (93 µs, half the copy rate).
+// REQUIRES: gridDim = (ceil(pairs / (kRopeKvPairs * blockDim.x)), tokens), pairs = q_pairs + 2
+// k_pairs (launch_rope_kv, blockDim.x = kRopeKvThreads); no barrier, so a thread past the last
+// pair may stop early.
 constexpr int kRopeKvPairs = 4, kRopeKvThreads = 256;
 __global__ void rope_kv_kernel(float* q, int ldq, float* k, const float* v, int ld_kv, int n_q_heads, RopeParams rp,
                                KvLayer kv, const int32_t* positions, const int32_t* slots) {
