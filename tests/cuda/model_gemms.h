@@ -1,5 +1,6 @@
-// The prompt GEMMs a model runs, as one table for the GPU tests (test_prefill: each against the
-// float64 reference at its real shape) and the kernel micro-bench (bench_prefill: each timed).
+// The weight matrices a model multiplies, as one table for the GPU tests (test_prefill: each prompt
+// GEMM against the float64 reference at its real shape) and the kernel micro-benches (bench_prefill
+// and bench_decode: each timed).
 // Taken from the synthesizer's tensor plan, so the types are those of llama.cpp's Q4_K_M mix.
 #pragma once
 #include <algorithm>
