@@ -13,8 +13,6 @@
 #if MINFER_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include <cstdio>
-#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
@@ -24,36 +22,17 @@
 
 #include "../tests/cuda/model_gemms.h"
 #include "../tests/cuda/prefill_test_data.h"
+#include "cuda_bench.h"
 #include "backend/cuda/kernels.h"
 #include "convert/synth.h"
 
 namespace minfer {
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::abort();
-  }
-}
+using bench::check;
+using bench::DeviceMemory;
+using bench::device_weights;
 
-struct DeviceMemory {
-  void* ptr = nullptr;
-  explicit DeviceMemory(size_t n) { check(cudaMalloc(&ptr, n), "cudaMalloc"); }
-  ~DeviceMemory() { cudaFree(ptr); }
-};
-
-// Weight matrices are generated once per (type, rows, cols) and reused across benchmarks.
-const uint8_t* device_weights(GgmlType t, int64_t rows, int64_t cols) {
-  static std::map<std::tuple<GgmlType, int64_t, int64_t>, std::unique_ptr<DeviceMemory>> cache;
-  auto& slot = cache[{t, rows, cols}];
-  if (!slot) {
-    const std::vector<uint8_t> host = test::random_weight_rows(t, rows, cols, 4321 + uint64_t(rows) * 7 + uint64_t(cols));
-    slot = std::make_unique<DeviceMemory>(host.size());
-    check(cudaMemcpy(slot->ptr, host.data(), host.size(), cudaMemcpyHostToDevice), "upload weights");
-  }
-  return static_cast<const uint8_t*>(slot->ptr);
-}
 
 // The q8 plane of `tokens` rows of random activations, `width` wide, quantized on the device by
 // the standalone kernel (what the engine's producers write).
@@ -96,23 +75,8 @@ void bench_decode(benchmark::State& state, GgmlType type, const std::vector<int6
     else
       cuda::launch_matvec(segs.data(), int(segs.size()), act.plane, nullptr, int(cols), tokens, {}, {});
   };
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  launch();  // warm-up (module load, shared-memory attributes)
-  check(cudaDeviceSynchronize(), "warm-up");
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    launch();
-    cudaEventRecord(stop);
-    check(cudaEventSynchronize(stop), "kernel");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-  }
+  bench::time_with_events(state, launch);
   state.counters["GB/s"] = benchmark::Counter(weight_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 int register_all() {

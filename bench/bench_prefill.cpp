@@ -35,6 +35,7 @@
 
 #include "../tests/cuda/model_gemms.h"
 #include "../tests/cuda/prefill_test_data.h"
+#include "cuda_bench.h"
 #include "backend/cuda/prefill.h"
 #include "convert/synth.h"
 
@@ -44,31 +45,10 @@ namespace {
 using test::PromptGemm;
 using test::prompt_gemms;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::abort();
-  }
-}
+using bench::check;
+using bench::DeviceMemory;
+using bench::device_weights;
 
-struct DeviceMemory {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  explicit DeviceMemory(size_t n) : bytes(n) { check(cudaMalloc(&ptr, n), "cudaMalloc"); }
-  ~DeviceMemory() { cudaFree(ptr); }
-};
-
-// Weight matrices are generated once per (type, n, k) and reused across benchmarks.
-const void* device_weights(GgmlType t, int64_t n, int64_t k) {
-  static std::map<std::tuple<GgmlType, int64_t, int64_t>, std::unique_ptr<DeviceMemory>> cache;
-  auto& slot = cache[{t, n, k}];
-  if (!slot) {
-    const std::vector<uint8_t> host = test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k));
-    slot = std::make_unique<DeviceMemory>(host.size());
-    check(cudaMemcpy(slot->ptr, host.data(), host.size(), cudaMemcpyHostToDevice), "upload weights");
-  }
-  return slot->ptr;
-}
 
 // Random f16/bf16 bit patterns of normal(0,1) values (host-generated, uploaded), generated once
 // per (count, type, seed): each repetition re-runs a benchmark's setup.
@@ -88,23 +68,8 @@ void* device_random_16bit(size_t count, bool bf16, uint64_t seed) {
 
 template <typename Launch>
 void time_with_events(benchmark::State& state, double flops, Launch launch) {
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "event");
-  check(cudaEventCreate(&stop), "event");
-  launch();  // warm-up (module load, shared-memory attribute)
-  check(cudaDeviceSynchronize(), "warm-up");
-  for (auto _ : state) {
-    cudaEventRecord(start);
-    launch();
-    cudaEventRecord(stop);
-    check(cudaEventSynchronize(stop), "kernel");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, start, stop);
-    state.SetIterationTime(ms * 1e-3);
-  }
+  bench::time_with_events(state, launch);
   state.counters["TFLOP/s"] = benchmark::Counter(flops * 1e-12, benchmark::Counter::kIsIterationInvariantRate);
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
 }
 
 // Times launch_prefill_gemm(g) with the split-K workspace it needs; the counters say which plan ran.
