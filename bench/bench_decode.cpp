@@ -33,7 +33,6 @@ using bench::check;
 using bench::DeviceMemory;
 using bench::device_weights;
 
-
 // The q8 plane of `tokens` rows of random activations, `width` wide, quantized on the device by
 // the standalone kernel (what the engine's producers write).
 struct ActivationPlane {
@@ -64,7 +63,7 @@ void bench_decode(benchmark::State& state, GgmlType type, const std::vector<int6
   double weight_bytes = 0;
   for (size_t i = 0; i < rows.size(); ++i) {
     outs.push_back(std::make_unique<DeviceMemory>(size_t(tokens) * size_t(rows[i]) * sizeof(float)));
-    segs[i].w = {type, int(rows[i]), int(cols), device_weights(type, rows[i], cols)};
+    segs[i].w = {type, int(rows[i]), int(cols), device_weights(type, rows[i], cols, int(i))};
     segs[i].out = static_cast<float*>(outs.back()->ptr);
     segs[i].ld_out = int(rows[i]);
     weight_bytes += double(row_bytes(type, cols)) * double(rows[i]);

@@ -91,7 +91,7 @@ void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, in
   DeviceMemory y(size_t(m * n) * 4), y_bf16(size_t(m * n) * 2);
   cuda::PrefillGemm g;
   g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
-  if (swiglu) g.w_up = device_weights(type, n, k), g.y_bf16 = static_cast<uint16_t*>(y_bf16.ptr);
+  if (swiglu) g.w_up = device_weights(type, n, k, 1), g.y_bf16 = static_cast<uint16_t*>(y_bf16.ptr);
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
   g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
   g.m_plan = m_plan, g.n_plan = n_plan, g.n_tile = n_tile, g.wgmma = wgmma;
@@ -113,7 +113,7 @@ void bench_stacked(benchmark::State& state, GgmlType type, const std::vector<int
     if (i == 0)
       g.w = device_weights(type, rows[i], k), g.n = rows[i], g.y = out, g.ldy = rows[i];
     else
-      g.stacked[i - 1] = {device_weights(type, rows[i], k), rows[i], out, rows[i], nullptr};
+      g.stacked[i - 1] = {device_weights(type, rows[i], k, int(i)), rows[i], out, rows[i], nullptr};
     n_all += rows[i];
   }
   g.n_stacked = int(rows.size()) - 1;
