@@ -13,11 +13,9 @@
 #if MINFER_HAVE_CUDA
 #include <cuda_runtime.h>
 
-#include <map>
 #include <memory>
 #include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "../tests/cuda/model_gemms.h"

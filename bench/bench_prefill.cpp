@@ -26,7 +26,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <map>
 #include <memory>
 #include <string>
@@ -48,7 +47,6 @@ using test::prompt_gemms;
 using bench::check;
 using bench::DeviceMemory;
 using bench::device_weights;
-
 
 // Random f16/bf16 bit patterns of normal(0,1) values (host-generated, uploaded), generated once
 // per (count, type, seed): each repetition re-runs a benchmark's setup.
