@@ -46,8 +46,8 @@ TEST(Plan, DecodeStepFusesQkvRopeKvGateUpResidualAndQuantize) {
   EXPECT_EQ(n.at("matvec"), 2 * L);  // attn_out and ffn_down, each with its residual add
   EXPECT_EQ(n.at("rms_norm_quant_q8"), 2 * L + 1);
   EXPECT_EQ(n.at("swiglu_quant_q8"), L);
-  EXPECT_EQ(n.at("quantize_q8"), L);  // attn_out only: its producer is attention
-  EXPECT_EQ(n.at("attention_split_combine"), L);
+  EXPECT_EQ(n.count("quantize_q8"), 0u);  // attn_out's plane: the attention combine writes it
+  EXPECT_EQ(n.at("attention_split_combine_quant_q8"), L);
   EXPECT_EQ(n.count("rope"), 0u);
   EXPECT_EQ(n.count("kv_append"), 0u);
   EXPECT_EQ(n.count("add"), 0u);
@@ -96,7 +96,8 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(mixed.at("swiglu_quant_q8"), L);     // the decode rows' swiglu (and their q8 plane)
   EXPECT_EQ(mixed.at("rope_kv"), L);             // prompt rows: roped and cached in one launch
   EXPECT_EQ(mixed.count("rope") + mixed.count("kv_append"), 0u);
-  EXPECT_EQ(mixed.at("attention_split_combine"), L);
+  EXPECT_EQ(mixed.at("attention_split_combine"), L);  // the prompt attention after it would drop a plane
+  EXPECT_EQ(mixed.at("quantize_q8"), L);
   EXPECT_EQ(mixed.at("prefill_attention"), L);
   EXPECT_EQ(mixed.count("activation_bf16"), 0u);  // the decode rows' q8 launches keep the plane
   // The decode rows' swiglu runs after the SwiGLU GEMM (whose matvec fallback for weight types
@@ -129,7 +130,7 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   n = count(lower(g, with([](Fusions& f) { f.fused_residual = false; }), kDecode));
   EXPECT_EQ(n.at("add"), 2 * m.hp.n_layer);
   n = count(lower(g, with([](Fusions& f) { f.decode_a_fuse = false; }), kDecode));
-  EXPECT_EQ(n.count("rms_norm_quant_q8") + n.count("swiglu_quant_q8"), 0u);
+  EXPECT_EQ(n.count("rms_norm_quant_q8") + n.count("swiglu_quant_q8") + n.count("attention_split_combine_quant_q8"), 0u);
   EXPECT_EQ(n.at("quantize_q8"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
   n = count(lower(g, with([](Fusions& f) { f.prompt_a_fuse = false; }), kPrompt));
   EXPECT_EQ(n.at("activation_bf16"), 4 * m.hp.n_layer);  // once for q, k, v; o; gate and up; down

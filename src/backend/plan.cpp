@@ -138,9 +138,17 @@ class Lowering {
         if (const std::optional<Rows> rows = rows_not_roped())
           emit({LaunchKind::KvAppend, "kv_append", *rows, n.in[1], n.in[2], -1, int(i)});
         roped_decode_ = roped_prompt_ = false;
-        if (s_.decode)
-          emit({LaunchKind::DecodeAttention, "attention_split_combine", Rows::Decode, n.in[0], -1, n.out, int(i),
-                s_.prompt ? -1 : int(i)});
+        if (s_.decode) {
+          Launch l{LaunchKind::DecodeAttention, "attention_split_combine", Rows::Decode, n.in[0], -1, n.out, int(i),
+                   s_.prompt ? -1 : int(i)};
+          // The combine writes the o-projection's q8 plane where its blocks cover whole 256-column
+          // groups of heads; not in a mixed step, whose prompt attention (next) drops the plane.
+          const int64_t w = width(n.out), head_dim = n.n_heads > 0 ? w / n.n_heads : 0;
+          l.writes_q8 = f_.decode_a_fuse && !s_.prompt && head_dim > 0 && 256 % head_dim == 0 && w % 256 == 0 &&
+                        feeds_decode_matmul(i + 1, n.out);
+          if (l.writes_q8) l.name = "attention_split_combine_quant_q8";
+          emit(std::move(l));
+        }
         if (s_.prompt) {
           Launch l{LaunchKind::PromptAttention, "prefill_attention", Rows::Prompt, n.in[0], -1, n.out, int(i), int(i)};
           // Only the prompt rows get the plane; in a mixed step the decode rows' output comes

@@ -625,7 +625,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
     DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits)));
     // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
     // many slices, 100000 one block a slice; the bits must not change.
-    auto attend = [&](int sm_count) {
+    auto attend = [&](int sm_count, DevicePlane* q8 = nullptr) {
       DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
       cuda::AttnParams p;
       p.q = dq.get();
@@ -640,6 +640,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
       p.n_splits = c.splits;
       p.part = part.get();
       p.sm_count = sm_count;
+      if (q8) p.q8 = q8->plane, p.q8_rows = n_tokens;
       cuda::launch_attention(p, nullptr);
       return out.download();
     };
@@ -647,6 +648,15 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
     for (const int sm_count : {1, 3, 132}) {
       const auto other = attend(sm_count);
       ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "sm_count " << sm_count << " head_dim " << c.hd;
+    }
+    const int width = c.n_head * c.hd;
+    if (width % 256 == 0) {  // the o-projection's q8 plane from the combine: the standalone quantize's bits
+      DevicePlane fused(n_tokens, width), plain(n_tokens, width);
+      const auto with_plane = attend(132, &fused);
+      ASSERT_EQ(std::memcmp(with_plane.data(), o.data(), o.size() * 4), 0) << "head_dim " << c.hd;
+      DeviceBuffer<float> dout(o);
+      cuda::launch_quantize_q8(dout.get(), width, plain.plane, n_tokens, width, nullptr);
+      ASSERT_TRUE(same_pad40(fused.to_pad40(), plain.to_pad40())) << "head_dim " << c.hd << " heads " << c.n_head;
     }
     const int G = c.n_head / c.n_kv;
     for (int tk = 0; tk < n_tokens; ++tk) {

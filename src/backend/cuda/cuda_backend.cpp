@@ -591,6 +591,7 @@ struct CudaBackend::Impl {
     p.n_splits = decode_splits;
     p.part = attn_part.get();
     p.sm_count = ctx.sm_count;
+    if (l.writes_q8) p.q8 = plane(width(l.out)), p.q8_rows = count;  // decode rows start at row 0
     launch_attention(p, s);
   }
 

@@ -998,16 +998,22 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   }
 }
 
-// One block per (q head, token): the splits' (m, l) pairs are staged in shared memory and turned
-// into weights in parallel, then thread d sums dim d over the splits with independent loads.
-template <int HD>
+// One block per (G q heads, token): each head's splits' (m, l) pairs are staged in shared memory
+// and turned into weights in parallel, then thread d of the head's HD sums dim d over the splits
+// with independent loads. G = 256 / HD with the q8 epilogue: the block's heads are one 256-column
+// group of the q8 plane, which warp 0 quantizes from shared memory (quantize_q8_group_values, the
+// standalone quantize's bits) for the o-projection's decode matmul.
+// REQUIRES: blockDim.x == G * HD; gridDim.x * G == n_head; 2 * G * n_splits floats of dynamic
+// shared memory; p.q8_rows > 0 only with G * HD == 256.
+template <int HD, int G>
 __global__ void attn_combine_kernel(const AttnParams p) {
   await_predecessor();
-  extern __shared__ float ml[];  // m (then the weight) of each split, then l of each split
-  const int qh = blockIdx.x, t = blockIdx.y, tid = threadIdx.x;
+  extern __shared__ float ml[];  // a head's m (then the weight) of each split, then l of each split
+  const int head = threadIdx.x / HD, tid = threadIdx.x % HD;
+  const int qh = blockIdx.x * G + head, t = blockIdx.y;
   const int len = p.positions[t] + 1;
   const int S = attn_splits_used<HD>(len, p.n_splits);
-  float *w_s = ml, *l_s = ml + S;
+  float *w_s = ml + 2 * head * p.n_splits, *l_s = w_s + S;
   const float* part_acc = p.part;
   const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
   const size_t base = (size_t(t) * p.n_head + qh) * p.n_splits;
@@ -1029,7 +1035,17 @@ __global__ void attn_combine_kernel(const AttnParams p) {
     den = fmaf(l_s[s], w_s[s], den);
     num = fmaf(acc[size_t(s) * HD], w_s[s], num);
   }
-  p.out[size_t(t) * p.n_head * HD + qh * HD + tid] = num / den;
+  const float out = num / den;
+  p.out[size_t(t) * p.n_head * HD + qh * HD + tid] = out;
+  if constexpr (G * HD == 256) {
+    __shared__ __align__(16) float group[256];
+    if (t < p.q8_rows) {  // uniform over the block
+      group[threadIdx.x] = out;
+      __syncthreads();
+      if (threadIdx.x < 32)
+        quantize_q8_group_member(group + 32 * threadIdx.x, p.q8, t, blockIdx.x * 8 + int(threadIdx.x), threadIdx.x < 8);
+    }
+  }
 }
 
 int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits) {
@@ -1068,7 +1084,17 @@ static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
       default: launch_attention_split<HD, 8>(p, head0, head_chunks, s); break;
     }
   }
-  launch_kernel("attention", attn_combine_kernel<HD>, dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float), s, p);
+  if (p.q8_rows > 0) {  // the q8 epilogue: a block per 256-column group
+    static_assert(256 % HD == 0, "a group is whole heads");
+    constexpr int G = 256 / HD;
+    if (p.n_head % G != 0) fail("attention: a q8 plane of ", p.n_head, " heads of ", HD, " is not whole 256-column groups");
+    if (p.q8.n_blocks != p.n_head * HD / 32) fail("attention: the q8 plane is ", 32 * p.q8.n_blocks, " columns wide");
+    launch_kernel("attention", attn_combine_kernel<HD, G>, dim3(p.n_head / G, p.n_tokens), 256,
+                  2 * G * p.n_splits * sizeof(float), s, p);
+    return;
+  }
+  launch_kernel("attention", attn_combine_kernel<HD, 1>, dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float),
+                s, p);
 }
 
 void launch_attention(const AttnParams& p, const KernelStream& s) {

@@ -196,6 +196,11 @@ struct AttnParams {
   int n_splits = 1;
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
+  // q8_rows > 0: the combine also writes tokens 0..q8_rows-1 of the output to the q8 plane (the
+  // producer-fused A-quantize of the o-projection; the standalone quantize's bits). Needs
+  // 256 % head_dim == 0 and whole 256-column groups (n_head * head_dim % 256 == 0).
+  Q8Plane q8;
+  int q8_rows = 0;
 };
 int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits);
 void launch_attention(const AttnParams& p, const KernelStream& s);
