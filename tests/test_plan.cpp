@@ -96,8 +96,8 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(mixed.at("swiglu_quant_q8"), L);     // the decode rows' swiglu (and their q8 plane)
   EXPECT_EQ(mixed.at("rope_kv"), L);             // prompt rows: roped and cached in one launch
   EXPECT_EQ(mixed.count("rope") + mixed.count("kv_append"), 0u);
-  EXPECT_EQ(mixed.at("attention_split_combine"), L);  // the prompt attention after it would drop a plane
-  EXPECT_EQ(mixed.at("quantize_q8"), L);
+  EXPECT_EQ(mixed.at("attention_split_combine"), L);  // the prompt attention after it would drop a plane,
+  EXPECT_EQ(mixed.at("quantize_q8"), L + 1);          // so attn_out quantizes; and the head's gathered rows
   EXPECT_EQ(mixed.at("prefill_attention"), L);
   EXPECT_EQ(mixed.count("activation_bf16"), 0u);  // the decode rows' q8 launches keep the plane
   // The decode rows' swiglu runs after the SwiGLU GEMM (whose matvec fallback for weight types
@@ -132,6 +132,10 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   n = count(lower(g, with([](Fusions& f) { f.decode_a_fuse = false; }), kDecode));
   EXPECT_EQ(n.count("rms_norm_quant_q8") + n.count("swiglu_quant_q8") + n.count("attention_split_combine_quant_q8"), 0u);
   EXPECT_EQ(n.at("quantize_q8"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
+  n = count(lower(g, with([](Fusions& f) { f.attention_q8 = false; }), kDecode));
+  EXPECT_EQ(n.count("attention_split_combine_quant_q8"), 0u);
+  EXPECT_EQ(n.at("attention_split_combine"), m.hp.n_layer);
+  EXPECT_EQ(n.at("quantize_q8"), m.hp.n_layer);  // o only
   n = count(lower(g, with([](Fusions& f) { f.prompt_a_fuse = false; }), kPrompt));
   EXPECT_EQ(n.at("activation_bf16"), 4 * m.hp.n_layer);  // once for q, k, v; o; gate and up; down
   n = count(lower(g, with([](Fusions& f) { f.gemm_swiglu = false; }), kPrompt));

@@ -144,8 +144,8 @@ class Lowering {
           // The combine writes the o-projection's q8 plane where its blocks cover whole 256-column
           // groups of heads; not in a mixed step, whose prompt attention (next) drops the plane.
           const int64_t w = width(n.out), head_dim = n.n_heads > 0 ? w / n.n_heads : 0;
-          l.writes_q8 = f_.decode_a_fuse && !s_.prompt && head_dim > 0 && 256 % head_dim == 0 && w % 256 == 0 &&
-                        feeds_decode_matmul(i + 1, n.out);
+          l.writes_q8 = f_.decode_a_fuse && f_.attention_q8 && !s_.prompt && head_dim > 0 && 256 % head_dim == 0 &&
+                        w % 256 == 0 && feeds_decode_matmul(i + 1, n.out);
           if (l.writes_q8) l.name = "attention_split_combine_quant_q8";
           emit(std::move(l));
         }
@@ -303,6 +303,7 @@ class Lowering {
 Fusions Fusions::from_env() {
   Fusions f;
   f.decode_a_fuse = !env_flag("MINFER_NO_DECODE_A_FUSE");
+  f.attention_q8 = !env_flag("MINFER_NO_ATTENTION_Q8");
   f.prompt_a_fuse = !env_flag("MINFER_NO_PROMPT_A_FUSE");
   f.cuda_graph = !env_flag("MINFER_NO_CUDA_GRAPH");
   f.fused_qkv = !env_flag("MINFER_NO_FUSED_QKV");
@@ -318,8 +319,8 @@ Fusions Fusions::from_env() {
 
 Fusions Fusions::none() {
   Fusions f;
-  f.decode_a_fuse = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu = f.fused_rope_kv =
-      f.concurrent_gemms = f.fused_residual = f.pdl = false;
+  f.decode_a_fuse = f.attention_q8 = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu =
+      f.fused_rope_kv = f.concurrent_gemms = f.fused_residual = f.pdl = false;
   return f;
 }
 

@@ -17,6 +17,7 @@ namespace minfer {
 
 struct Fusions {
   bool decode_a_fuse = true;   // MINFER_NO_DECODE_A_FUSE: rms_norm/swiglu/attention write the q8 plane
+  bool attention_q8 = true;    // MINFER_NO_ATTENTION_Q8: of those, the decode attention (with decode_a_fuse)
   bool prompt_a_fuse = true;   // MINFER_NO_PROMPT_A_FUSE: rms_norm/swiglu/attention write the bf16 plane
   bool cuda_graph = true;      // MINFER_NO_CUDA_GRAPH: launch decode steps one by one
   bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch

@@ -393,10 +393,11 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   MINFER_REQUIRE_GPU();
   std::vector<std::pair<std::string, Fusions>> variants;
   for (const char* name :
-       {"decode_a_fuse", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu", "fused_rope_kv",
-        "concurrent_gemms", "fused_residual", "pdl"}) {
+       {"decode_a_fuse", "attention_q8", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu",
+        "fused_rope_kv", "concurrent_gemms", "fused_residual", "pdl"}) {
     Fusions f;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
+    if (!std::strcmp(name, "attention_q8")) f.attention_q8 = false;
     if (!std::strcmp(name, "prompt_a_fuse")) f.prompt_a_fuse = false;
     if (!std::strcmp(name, "cuda_graph")) f.cuda_graph = false;
     if (!std::strcmp(name, "fused_qkv")) f.fused_qkv = false;
