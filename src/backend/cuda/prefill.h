@@ -38,7 +38,7 @@ __device__ __forceinline__ uint32_t prefill_activation_bf16x2(float lo, float hi
 }
 // silu(g) * u: the swiglu kernel's element and the prompt GEMM's swiglu epilogue (one body, so the
 // fused GEMM gives the separate GEMMs' and swiglu's bits). The quotient by the hardware reciprocal
-// (2 ulp; 0 once 1 + exp(-g) passes 2^126, where silu(g) is below 1e-36 in magnitude): the IEEE
+// (2 ulp; 0 once 1 + exp(-g) passes 2^126, where |silu(g)| is about 1e-36 and falling): the IEEE
 // division's slow-path branch around every element kept the epilogue from overlapping its
 // elements, and the tensor cores idle while both consumer warpgroups run it (docs/14 §25).
 __device__ __forceinline__ float silu_mul(float g, float u) { return __fdividef(g, 1.0f + expf(-g)) * u; }
