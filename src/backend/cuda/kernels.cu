@@ -275,6 +275,7 @@ Q8Plane q8_plane(uint8_t* buffer, int tokens, int width) {
   const Q8PlaneExtents e = q8_plane_extents(tokens, width);
   Q8Plane p;
   p.n_blocks = width / 32;
+  p.token_rows = (tokens + 31) / 32 * 32;
   p.quants = buffer;
   p.scales = reinterpret_cast<uint16_t*>(buffer + e.quants);
   p.sums = reinterpret_cast<int32_t*>(buffer + e.quants + e.scales);

@@ -36,7 +36,9 @@ bool cuda_supports_weight_type(GgmlType t);
 // 1 KB (a CTA then addresses every fragment and sub-block from one pointer by immediate offsets):
 //   quants  of token t, 32-column block b: 32 int8 at
 //           ((t / 32) * n_blocks + b) * 1024 + (t / 8 % 4) * 256 + (t % 8) * 32
-//   scales  of token t, 256-column group g: f16 at [t * n_groups + g]
+//   scales  of token t, 256-column group g: f16 at [g * token_rows + t] (group-major: a group's
+//           scales of neighbouring tokens are adjacent, so the tensor-core matmul reads a thread's
+//           two tokens' scales as one 4-byte load at an immediate offset from one pointer)
 //   sums    of the 32 quants of (t, b): int32 at [t * n_blocks + b] (the k-quant min terms of the
 //           warp-per-row kernel)
 // A view may start at token token0 of its plane (the warp-per-row kernel's launches of 8 tokens,
@@ -47,13 +49,14 @@ struct Q8Plane {
   int32_t* sums = nullptr;
   int n_blocks = 0;
   int token0 = 0;
+  int token_rows = 0;  // tokens the plane holds, a multiple of 32
 
   constexpr int n_groups() const { return (n_blocks + 7) / 8; }
   constexpr uint8_t* block_quants(int t, int b) const {
     t += token0;
     return quants + (size_t(t / 32) * size_t(n_blocks) + size_t(b)) * 1024 + size_t(t / 8 % 4) * 256 + size_t(t % 8) * 32;
   }
-  constexpr uint16_t* scale(int t, int g) const { return scales + size_t(t + token0) * size_t(n_groups()) + size_t(g); }
+  constexpr uint16_t* scale(int t, int g) const { return scales + size_t(g) * size_t(token_rows) + size_t(t + token0); }
   constexpr int32_t* sum(int t, int b) const { return sums + size_t(t + token0) * size_t(n_blocks) + size_t(b); }
   constexpr Q8Plane from_token(int t) const {
     Q8Plane v = *this;

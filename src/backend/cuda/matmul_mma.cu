@@ -100,12 +100,15 @@ __device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
 // da[e % 2] being the group scales of the thread's two tokens.
 
 // The CTA's tokens first .. first + 8 NTF - 1 of the plane (first % (8 NTF) == 0, so its fragments
-// lie in one 32-token tile of the plane). Tokens past the last read the last one's scales;
-// fragments past the last tile read the tile's padding (finite int8; their results are dropped).
+// lie in one 32-token tile of the plane). Tokens past the last read the tile's padding (quants and
+// scales; their results are dropped).
 struct Tokens {
   Q8Plane plane;
-  int first, last;
-  __device__ float scale(int t, int g) const { return h2f(*plane.scale(min(first + t, last), g)); }
+  int first;
+  // The group scales of tokens t and t + 1 (t even): one aligned 4-byte load (scales are group-major).
+  __device__ float2 scale_pair(int t, int g) const {
+    return __half22float2(__ldg(reinterpret_cast<const __half2*>(plane.scale(first + t, g))));
+  }
 };
 
 template <bool Q5>
@@ -281,9 +284,9 @@ struct GroupQ8 {
       if (j < n_in_row) {
         int c[4] = {0, 0, 0, 0};
         mma_k32(c, a, b[nf].x, b[nf].y);
-        const float da0 = tok.scale(8 * nf + 2 * tid, blk / 8), da1 = tok.scale(8 * nf + 2 * tid + 1, blk / 8);
+        const float2 da = tok.scale_pair(8 * nf + 2 * tid, blk / 8);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) t[e] = term_q8_0(d[e / 2][j], c[e], e % 2 ? da1 : da0);
+        for (int e = 0; e < 4; ++e) t[e] = term_q8_0(d[e / 2][j], c[e], e % 2 ? da.y : da.x);
       }
       Part& s = part[nf];
 #pragma unroll
@@ -375,7 +378,8 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     }
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
-      const float da[2] = {tok.scale(8 * nf + 2 * tid, g), tok.scale(8 * nf + 2 * tid + 1, g)};
+      const float2 pair = tok.scale_pair(8 * nf + 2 * tid, g);
+      const float da[2] = {pair.x, pair.y};
       float t[4];
       grp.finish(part[nf], da, t);
 #pragma unroll
@@ -398,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
   while (si + 1 < a.n_segs && row_tile >= a.first_block[si + 1]) ++si;
   const MatSeg& seg = a.seg[si];
   const int tile = row_tile - a.first_block[si];
-  const Tokens tok{a.act, int(blockIdx.x) % n_token_tiles * 8 * NTF, a.n_tokens - 1};
+  const Tokens tok{a.act, int(blockIdx.x) % n_token_tiles * 8 * NTF};
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
 
   float acc[NTF][4];
