@@ -391,12 +391,14 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
 // REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' row tiles (first_block) times
 // ceil(n_tokens / (8 NTF)) token tiles; every segment of a.seg has Group's type. Every thread
 // reaches the barrier: rows and tokens past the end are computed on clamped indices and dropped at
-// the store. a.act.token0 % 32 == 0.
+// the store. a.act.token0 % 32 == 0; NTF == 1: n_tokens <= 8.
 template <typename Group, int NTF>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
   // The token tiles of one row tile are neighbours in the grid, so its weights come from L2 after
-  // the first of them reads them.
-  const int n_token_tiles = (a.n_tokens + 8 * NTF - 1) / (8 * NTF);
+  // the first of them reads them. One fragment means one token tile: no division at run time
+  // (measured +1.6 % at one sequence; a 2-D grid instead cost the four-fragment kernel registers,
+  // -0.9 % at 64).
+  const int n_token_tiles = NTF == 1 ? 1 : (a.n_tokens + 8 * NTF - 1) / (8 * NTF);
   const int row_tile = int(blockIdx.x) / n_token_tiles;
   int si = 0;
   while (si + 1 < a.n_segs && row_tile >= a.first_block[si + 1]) ++si;
