@@ -322,7 +322,9 @@ TEST(GpuBackend, DefaultModelGreedyStreamsMatchTheCpuBackend) {
   for (float v : lc) rms += double(v) * v;
   rms = std::sqrt(rms / double(lc.size()));
   std::printf("[ measured ] default model prefill logits GPU vs CPU backend %.2e (logit rms %.2f)\n", err, rms);
-  EXPECT_LT(err, 2e-2) << "measured 5-8e-3 (f16 KV, bf16 prefill GEMM vs f32 / q8)";
+  // Measured 5.6e-3 … 9.6e-3 over most seeds; seed 3269457564 (logit rms 1.87) 2.41e-2 on every
+  // build tried (f16 KV, bf16 prefill GEMM vs f32 / q8); a real bug gives errors of order 1.
+  EXPECT_LT(err, 4e-2) << "measured 5.6e-3 … 2.41e-2 over seeds";
   const double tie = 4 * std::max(err, 5e-3) * rms;  // a few times the per-logit difference
   int32_t tc = argmax(lc), tg = argmax(lg);
   int agree = 0;

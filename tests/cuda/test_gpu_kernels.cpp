@@ -55,7 +55,7 @@ class DevicePlane {
       for (int b = 0; b < cols / 32; ++b) {
         const BlockQ8Pad40& blk = pad40_row(pad40_rows, t, cols)[b];
         std::memcpy(h.block_quants(t, b), blk.qs, 32);
-        *h.sum(t, b) = blk.sum;
+        h.set_sum(t, b, blk.sum);
         if (b % 8 == 0) *h.scale(t, b / 8) = blk.d;
       }
     buf_.upload(host);

@@ -256,19 +256,19 @@ void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows,
   launch_kernel("quantize_q8", quantize_q8_kernel, unsigned((n + 127) / 128), 128, 0, s, x, ld_x, q8, n_rows, width);
 }
 
-// The byte extents of the plane's three arrays (each rounded up to 256 bytes).
+// The byte extents of the plane's four arrays (each rounded up to 256 bytes).
 struct Q8PlaneExtents {
-  int64_t quants, scales, sums;
+  int64_t quants, scales, sums, digits;
 };
 static Q8PlaneExtents q8_plane_extents(int tokens, int width) {
   const int64_t t = (int64_t(tokens) + 31) / 32 * 32, blocks = width / 32, groups = (blocks + 7) / 8;
   const auto up256 = [](int64_t n) { return (n + 255) / 256 * 256; };
-  return {up256(t * blocks * 32), up256(t * groups * 2), up256(t * blocks * 4)};
+  return {up256(t * blocks * 32), up256(t * groups * 2), up256(t * blocks * 4), up256(t * groups * 16)};
 }
 
 int64_t q8_plane_bytes(int tokens, int width) {
   const Q8PlaneExtents e = q8_plane_extents(tokens, width);
-  return e.quants + e.scales + e.sums;
+  return e.quants + e.scales + e.sums + e.digits;
 }
 
 Q8Plane q8_plane(uint8_t* buffer, int tokens, int width) {
@@ -279,6 +279,7 @@ Q8Plane q8_plane(uint8_t* buffer, int tokens, int width) {
   p.quants = buffer;
   p.scales = reinterpret_cast<uint16_t*>(buffer + e.quants);
   p.sums = reinterpret_cast<int32_t*>(buffer + e.quants + e.scales);
+  p.digits = buffer + e.quants + e.scales + e.sums;
   return p;
 }
 

@@ -41,12 +41,17 @@ bool cuda_supports_weight_type(GgmlType t);
 //           two tokens' scales as one 4-byte load at an immediate offset from one pointer)
 //   sums    of the 32 quants of (t, b): int32 at [t * n_blocks + b] (the k-quant min terms of the
 //           warp-per-row kernel)
+//   digits  the same sums as two int8 digits, sum = 64 h + l (l in 0..63, h in -64..63), laid out
+//           as the B fragments of the tensor-core matmul's min product M = sum_j m_j sum_j: per
+//           32-token tile and group 512 bytes, [t / 8 % 4][(t % 8) / 2][part l, h][j / 4][t % 2]
+//           [j % 4] (j = b % 8; sum_digits(t, g) points at the run of t's token pair)
 // A view may start at token token0 of its plane (the warp-per-row kernel's launches of 8 tokens,
 // the prompt rows of a matmul without a GEMM).
 struct Q8Plane {
   uint8_t* quants = nullptr;
   uint16_t* scales = nullptr;
   int32_t* sums = nullptr;
+  uint8_t* digits = nullptr;
   int n_blocks = 0;
   int token0 = 0;
   int token_rows = 0;  // tokens the plane holds, a multiple of 32
@@ -58,6 +63,17 @@ struct Q8Plane {
   }
   constexpr uint16_t* scale(int t, int g) const { return scales + size_t(g) * size_t(token_rows) + size_t(t + token0); }
   constexpr int32_t* sum(int t, int b) const { return sums + size_t(t + token0) * size_t(n_blocks) + size_t(b); }
+  constexpr uint8_t* sum_digits(int t, int g) const {
+    t += token0;
+    return digits + (size_t(t / 32) * size_t(n_groups()) + size_t(g)) * 512 + size_t(t / 8 % 4) * 128 + size_t(t % 8 / 2) * 32;
+  }
+  // Block b's sum as its digits (the producers' store; the host's packing in the GPU tests).
+  constexpr void set_sum(int t, int b, int32_t s) const {
+    *sum(t, b) = s;
+    uint8_t* d = sum_digits(t, b / 8) + (b % 8 / 4) * 8 + (t + token0) % 2 * 4 + b % 4;
+    d[0] = uint8_t(s & 63);             // l
+    d[16] = uint8_t(int8_t(s >> 6));    // h: s = 64 h + l (arithmetic shift)
+  }
   constexpr Q8Plane from_token(int t) const {
     Q8Plane v = *this;
     v.token0 += t;

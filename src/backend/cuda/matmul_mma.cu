@@ -10,12 +10,13 @@
 // kernel's registers are what its type needs.
 // For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
 // fragment, accumulating the group's exact integer sums per (row, token):
-//   q4_K / q5_K  S += sc_j * isum_j (integer multiply-add on the product), and M = sum_j m_j * asum_j
-//                on the tensor cores: an A fragment holding m_j in every byte times the same B
-//                fragment adds m_j * asum_j to an accumulator that runs over the whole group;
+//   q4_K / q5_K  S += sc_j * isum_j (integer multiply-add on the product); after the group
+//                M = sum_j m_j * asum_j on the tensor cores from the plane's sum digits
+//                (asum_j = 64 h_j + l_j): A = the row's 8 m_j, B = the digits, two k16 products a
+//                token fragment (even and odd tokens), M = C_l + 64 C_h;
 //   q6_K         two k16 products, S += sc_lo * isum_lo + sc_hi * isum_hi;
 //   q8_0         one float term per block, added by the canonical tree as they come.
-// After the group it forms one term per (row, token) (quant_device.cuh, the same functions the
+// close() then adds what the group needs beyond its sub-blocks (q4_K / q5_K: M). After the group it forms one term per (row, token) (quant_device.cuh, the same functions the
 // warp-per-row kernel calls) and adds it to its stream. The CTA combines the 8 streams in shared
 // memory with the canonical tree and runs the segment epilogue (bias, residual, store / rope / KV
 // write). Integer sums are exact in any order, so every output element gets the same bits as from
@@ -156,17 +157,35 @@ struct GroupQK45 {
     const int byte = j % 4;
     const int sc[2] = {int(((j < 4 ? h[0].y : h[0].w) >> (8 * byte)) & 0xFF),
                        int(((j < 4 ? h[1].y : h[1].w) >> (8 * byte)) & 0xFF)};
-    // m_j in every byte of the row's A registers: one byte permute
-    const uint32_t m0 = __byte_perm(j < 4 ? h[0].z : m_hi[0], 0, 0x1111 * byte);
-    const uint32_t m1 = __byte_perm(j < 4 ? h[1].z : m_hi[1], 0, 0x1111 * byte);
-    const uint32_t am[4] = {m0, m1, m0, m1};
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
       int c[4] = {0, 0, 0, 0};
       mma_k32(c, a, b[nf].x, b[nf].y);
 #pragma unroll
       for (int e = 0; e < 4; ++e) part[nf].s[e] += sc[e / 2] * c[e];
-      mma_k32(part[nf].m, am, b[nf].x, b[nf].y);
+    }
+  }
+  // M of group g: A row r = its 8 m_j at k 0..7 (tid 0: m 0-3, tid 1: m 4-7; k 8..15 zero), B
+  // column n = gid = the digits part (gid & 1) of token pair gid / 2 (kernels.h: Q8Plane), one
+  // product for the pair's even tokens and one for the odd: thread element (row, 2 tid + parity)
+  // = C_l + 64 C_h in (c[2 row'], c[2 row' + 1]) of the parity's product.
+  template <int NTF>
+  __device__ void close(const Tokens& tok, int g, int lane, Part (&part)[NTF]) const {
+    const int gid = lane / 4, tid = lane % 4;
+    const uint32_t a0 = tid == 0 ? h[0].z : tid == 1 ? m_hi[0] : 0u;
+    const uint32_t a1 = tid == 0 ? h[1].z : tid == 1 ? m_hi[1] : 0u;
+    const uint8_t* digits = tok.plane.sum_digits(tok.first + 2 * (gid / 2), g) + (gid % 2) * 16 + (tid % 2) * 8;
+#pragma unroll
+    for (int nf = 0; nf < NTF; ++nf) {
+      const uint2 d = __ldg(reinterpret_cast<const uint2*>(digits + nf * 128));
+      int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};
+      mma_k16(even, a0, a1, d.x);
+      mma_k16(odd, a0, a1, d.y);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        part[nf].m[2 * r] = even[2 * r] + 64 * even[2 * r + 1];
+        part[nf].m[2 * r + 1] = odd[2 * r] + 64 * odd[2 * r + 1];
+      }
     }
   }
   __device__ void finish(const Part& part, const float (&da)[2], float (&t)[4]) const {
@@ -237,6 +256,8 @@ struct GroupQ6K {
       for (int e = 0; e < 4; ++e) part[nf].s[e] += s[0][e / 2] * lo[e] + s[1][e / 2] * hi[e];
     }
   }
+  template <int NTF>
+  __device__ void close(const Tokens&, int, int, Part (&)[NTF]) const {}
   __device__ void finish(const Part& part, const float (&da)[2], float (&t)[4]) const {
 #pragma unroll
     for (int e = 0; e < 4; ++e) t[e] = group_term_q6k(d[e / 2], part.s[e], da[e % 2]);
@@ -299,6 +320,8 @@ struct GroupQ8 {
       }
     }
   }
+  template <int NTF>
+  __device__ void close(const Tokens&, int, int, Part (&)[NTF]) const {}
   __device__ void finish(const Part& part, const float (&)[2], float (&t)[4]) const {
 #pragma unroll
     for (int e = 0; e < 4; ++e) t[e] = __fadd_rn(part.q[e], part.r[e]);
@@ -376,6 +399,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
       for (int nf = 0; nf < NTF; ++nf) b[nf] = kLoadGroupB ? group_b[j][nf] : b_operand(j, nf);
       grp.multiply(j, b, 8 * g + j, tok, tid, part);
     }
+    grp.close(tok, g, lane, part);
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
       const float2 pair = tok.scale_pair(8 * nf + 2 * tid, g);

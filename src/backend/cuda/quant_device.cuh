@@ -73,7 +73,7 @@ __device__ __forceinline__ void quantize_q8_group_values(const float4 (&v)[8], c
   uint4* qs = reinterpret_cast<uint4*>(plane.block_quants(t, b));
   qs[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
   qs[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
-  *plane.sum(t, b) = sum;
+  plane.set_sum(t, b, sum);
   if (b % 8 == 0) *plane.scale(t, b / 8) = f2h(d);
 }
 // The block's values read from src (32 floats, 16-byte aligned).
