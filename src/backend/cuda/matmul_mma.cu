@@ -16,8 +16,10 @@
 //                token fragment (even and odd tokens), M = C_l + 64 C_h;
 //   q6_K         two k16 products, S += sc_lo * isum_lo + sc_hi * isum_hi;
 //   q8_0         one float term per block, added by the canonical tree as they come.
-// close() then adds what the group needs beyond its sub-blocks (q4_K / q5_K: M). After the group it forms one term per (row, token) (quant_device.cuh, the same functions the
-// warp-per-row kernel calls) and adds it to its stream. The CTA combines the 8 streams in shared
+// close() then adds what the group needs beyond its sub-blocks (q4_K / q5_K: M; taking M out of
+// the sub-block loop freed 16 registers a thread and 4 mma a sub-block: +8 % at 64 sequences).
+// Then it forms one term per (row, token) (quant_device.cuh, the same functions the warp-per-row
+// kernel calls) and adds it to its stream. The CTA combines the 8 streams in shared
 // memory with the canonical tree and runs the segment epilogue (bias, residual, store / rope / KV
 // write). Integer sums are exact in any order, so every output element gets the same bits as from
 // launch_matvec, for any token count.
@@ -96,7 +98,8 @@ __device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
 // ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----
 // load() reads the group's bytes; b_operand(q, tid) loads a token's B registers of one sub-block
 // from its 32 quants q; multiply(j, b, ...) multiplies sub-block j (plane block blk = 8g + j) with
-// every token fragment (b[nf]: column gid of fragment nf) into the per-fragment state Part; finish() turns a
+// every token fragment (b[nf]: column gid of fragment nf) into the per-fragment state Part;
+// close(tok, g, lane, part) completes the group's Parts after its 8 sub-blocks; finish() turns a
 // Part into the 4 terms of the thread's C fragment (element e: row R[e / 2], token 2 tid + e % 2),
 // da[e % 2] being the group scales of the thread's two tokens.
 
