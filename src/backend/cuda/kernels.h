@@ -63,16 +63,19 @@ struct Q8Plane {
   }
   constexpr uint16_t* scale(int t, int g) const { return scales + size_t(g) * size_t(token_rows) + size_t(t + token0); }
   constexpr int32_t* sum(int t, int b) const { return sums + size_t(t + token0) * size_t(n_blocks) + size_t(b); }
+  // The digits' strides in bytes (the layout above; the matmul reads them at these offsets).
+  static constexpr int kDigitsFragment = 128, kDigitsPair = 32, kDigitsPart = 16, kDigitsHalf = 8, kDigitsParity = 4;
   constexpr uint8_t* sum_digits(int t, int g) const {
     t += token0;
-    return digits + (size_t(t / 32) * size_t(n_groups()) + size_t(g)) * 512 + size_t(t / 8 % 4) * 128 + size_t(t % 8 / 2) * 32;
+    return digits + (size_t(t / 32) * size_t(n_groups()) + size_t(g)) * 4 * kDigitsFragment +
+           size_t(t / 8 % 4) * kDigitsFragment + size_t(t % 8 / 2) * kDigitsPair;
   }
   // Block b's sum as its digits (the producers' store; the host's packing in the GPU tests).
   constexpr void set_sum(int t, int b, int32_t s) const {
     *sum(t, b) = s;
-    uint8_t* d = sum_digits(t, b / 8) + (b % 8 / 4) * 8 + (t + token0) % 2 * 4 + b % 4;
-    d[0] = uint8_t(s & 63);             // l
-    d[16] = uint8_t(int8_t(s >> 6));    // h: s = 64 h + l (arithmetic shift)
+    uint8_t* d = sum_digits(t, b / 8) + (b % 8 / 4) * kDigitsHalf + (t + token0) % 2 * kDigitsParity + b % 4;
+    d[0] = uint8_t(s & 63);                        // l
+    d[kDigitsPart] = uint8_t(int8_t(s >> 6));      // h: s = 64 h + l (arithmetic shift)
   }
   constexpr Q8Plane from_token(int t) const {
     Q8Plane v = *this;

@@ -177,10 +177,12 @@ struct GroupQK45 {
     const int gid = lane / 4, tid = lane % 4;
     const uint32_t a0 = tid == 0 ? h[0].z : tid == 1 ? m_hi[0] : 0u;
     const uint32_t a1 = tid == 0 ? h[1].z : tid == 1 ? m_hi[1] : 0u;
-    const uint8_t* digits = tok.plane.sum_digits(tok.first + 2 * (gid / 2), g) + (gid % 2) * 16 + (tid % 2) * 8;
+    const uint8_t* digits = tok.plane.sum_digits(tok.first + 2 * (gid / 2), g) + (gid % 2) * Q8Plane::kDigitsPart +
+                            (tid % 2) * Q8Plane::kDigitsHalf;
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
-      const uint2 d = __ldg(reinterpret_cast<const uint2*>(digits + nf * 128));
+      // the fragment's even and odd token: the two parities of the thread's 8 bytes
+      const uint2 d = __ldg(reinterpret_cast<const uint2*>(digits + nf * Q8Plane::kDigitsFragment));
       int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};
       mma_k16(even, a0, a1, d.x);
       mma_k16(odd, a0, a1, d.y);
@@ -417,14 +419,14 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
 
 // REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' row tiles (first_block) times
 // ceil(n_tokens / (8 NTF)) token tiles; every segment of a.seg has Group's type. Every thread
-// reaches the barrier: rows and tokens past the end are computed on clamped indices and dropped at
-// the store. a.act.token0 % 32 == 0; NTF == 1: n_tokens <= 8.
+// reaches the barrier: rows past the end are computed on clamped indices, tokens past the end on
+// the plane tile's padding, and both dropped at the store. a.act.token0 % 32 == 0; NTF == 1: n_tokens <= 8.
 template <typename Group, int NTF>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
   // The token tiles of one row tile are neighbours in the grid, so its weights come from L2 after
   // the first of them reads them. One fragment means one token tile: no division at run time
-  // (measured +1.6 % at one sequence; a 2-D grid instead cost the four-fragment kernel registers,
-  // -0.9 % at 64).
+  // (+1.0 % at one sequence; a 2-D grid that drops it for every kernel gave +1.6 % there but cost
+  // the four-fragment kernel registers, -0.9 % at 64).
   const int n_token_tiles = NTF == 1 ? 1 : (a.n_tokens + 8 * NTF - 1) / (8 * NTF);
   const int row_tile = int(blockIdx.x) / n_token_tiles;
   int si = 0;
