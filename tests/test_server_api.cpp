@@ -236,11 +236,16 @@ TEST(ServerMetrics, PrometheusText) {
   c.prompt_tokens = 100;
   c.generated_tokens = 40;
   c.prefix_hit_tokens = 64;
+  c.decode_steps = {30, 0.125, 0.1};
+  c.prompt_steps = {2, 0.5, 0.25};
   const std::string text = m.prometheus_text(c);
   for (const char* line :
        {"minfer_requests_running 2\n", "minfer_requests_waiting 1\n", "minfer_kv_blocks_used 5\n",
         "minfer_kv_blocks_cached 3\n", "minfer_kv_blocks_total 64\n", "minfer_prompt_tokens_total 100\n",
         "minfer_generated_tokens_total 40\n", "minfer_prefix_cache_hit_tokens_total 64\n",
+        "minfer_steps_total{kind=\"decode\"} 30\n", "minfer_steps_total{kind=\"prompt\"} 2\n",
+        "minfer_step_seconds_total{kind=\"decode\"} 0.125\n", "minfer_step_forward_seconds_total{kind=\"prompt\"} 0.25\n",
+        "# TYPE minfer_step_seconds_total counter\n",
         "# TYPE minfer_time_to_first_token_seconds histogram\n",
         "minfer_time_to_first_token_seconds_bucket{le=\"0.04\"} 0\n",
         "minfer_time_to_first_token_seconds_bucket{le=\"0.06\"} 1\n",

@@ -136,6 +136,15 @@ TEST(Choices, NChoicesShareThePromptAndMatchSeparateRequests) {
   a.run();
   EXPECT_EQ(a.scheduler.counts().prompt_tokens, 40);  // once, not per choice
   EXPECT_EQ(a.scheduler.counts().generated_tokens, 18);
+  // One step computes the prompt (and the first tokens), five decode the rest; forwards are part of steps.
+  const SchedulerCounts counts = a.scheduler.counts();
+  EXPECT_EQ(counts.prompt_steps.steps, 1);
+  EXPECT_EQ(counts.decode_steps.steps, 5);
+  EXPECT_EQ(counts.steps, 6);
+  for (const StepTimes& t : {counts.prompt_steps, counts.decode_steps}) {
+    EXPECT_GT(t.forward_seconds, 0.0);
+    EXPECT_LE(t.forward_seconds, t.seconds);
+  }
   EXPECT_EQ(a.engine.kv().n_used(), 0);
   Bench b(false);
   for (int c = 0; c < 3; ++c) b.submit(prompt, 1, 0.9f, 11 + uint64_t(c), 6, apart[size_t(c)]);

@@ -116,6 +116,10 @@ void Step::run() {
   for (Item& it : items_) it.seq->advance(it.n_tokens);
 }
 
+bool Step::carries_prompt() const {
+  return std::any_of(items_.begin(), items_.end(), [](const Item& it) { return !it.decode; });
+}
+
 void Step::draw(int item, float temperature, double uniform) {
   Item& it = items_.at(size_t(item));
   if (it.out != Output::Last) fail("internal error: a draw for step item ", item, ", which has no single output row");

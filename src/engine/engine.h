@@ -82,6 +82,7 @@ class Step {
   int n_outputs() const { return n_outputs_; }  // output rows, and generated tokens without one
   int n_items() const { return int(items_.size()); }
   bool empty() const { return items_.empty(); }
+  bool carries_prompt() const;  // an item of prompt tokens (not only decode tokens)
   // Asks the backend to draw the token of item's one output row (Output::Last) from
   // softmax(logits / temperature) with this uniform number (Backend: StepBatch::draws), so the
   // logits need not come back; the token is what draw_softmax gives for them.

@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 
 #include "util/env.h"
@@ -176,6 +177,8 @@ bool Scheduler::admit(std::unique_ptr<Active>& a, int budget) {
 }
 
 void Scheduler::step() {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
   std::vector<uint64_t> cancelled;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -240,7 +243,10 @@ void Scheduler::step() {
   }
 
   if (!step_.empty()) {
+    const bool carries_prompt = step_.carries_prompt();
+    const Clock::time_point forward_start = Clock::now();
     step_.run();
+    const double forward_seconds = std::chrono::duration<double>(Clock::now() - forward_start).count();
     // Every sequence with an output this step: its logits, argmax and (forks) new choices.
     struct Pick {
       Active* a;
@@ -298,6 +304,10 @@ void Scheduler::step() {
     counts_.prompt_tokens += prompt_done;
     counts_.generated_tokens += generated;
     ++counts_.steps;
+    StepTimes& times = carries_prompt ? counts_.prompt_steps : counts_.decode_steps;
+    ++times.steps;
+    times.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+    times.forward_seconds += forward_seconds;
   }
   std::lock_guard<std::mutex> lock(mu_);
   counts_.running = int(running_.size());

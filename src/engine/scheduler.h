@@ -48,12 +48,21 @@ struct SchedulerOptions {
   bool backend_draws = true;
 };
 
+// Steps of one kind and where their time went: `forward` is the engine's forward (uploads,
+// launches, the device's work, the outputs' download); the rest of a step's wall time is the
+// host's (admission, batching, sampling, the token callbacks).
+struct StepTimes {
+  int64_t steps = 0;
+  double seconds = 0, forward_seconds = 0;
+};
+
 // Sequences (one per choice) and the KV pool as of the end of the last step.
 struct SchedulerCounts {
   int running = 0, waiting = 0;
   int kv_used = 0, kv_cached = 0, kv_total = 0;  // blocks: held by sequences; cached, held by none; all
   int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
   int64_t prefix_hit_tokens = 0;  // prompt positions taken from the prefix cache, not computed
+  StepTimes decode_steps, prompt_steps;  // steps of decode tokens only; steps carrying prompt tokens
 };
 
 class Scheduler {

@@ -72,6 +72,15 @@ std::string ServerMetrics::prometheus_text(const SchedulerCounts& c) const {
   sample(out, "minfer_generated_tokens_total", "counter", "Tokens generated.", double(c.generated_tokens));
   sample(out, "minfer_prefix_cache_hit_tokens_total", "counter", "Prompt positions taken from the prefix cache instead of computed.", double(c.prefix_hit_tokens));
   sample(out, "minfer_preemptions_total", "counter", "Sequences preempted when KV blocks ran out.", double(c.preemptions));
+  const auto by_kind = [&](const std::string& name, const char* help, auto field) {
+    header(out, name, "counter", help);
+    out += name + "{kind=\"decode\"} " + number(double(c.decode_steps.*field)) + "\n";
+    out += name + "{kind=\"prompt\"} " + number(double(c.prompt_steps.*field)) + "\n";
+  };
+  by_kind("minfer_steps_total", "Engine steps: decode tokens only, or carrying prompt tokens.", &StepTimes::steps);
+  by_kind("minfer_step_seconds_total", "Wall time of the engine steps, host work included.", &StepTimes::seconds);
+  by_kind("minfer_step_forward_seconds_total", "Time of the steps' forward passes (launches, device work, outputs' download).",
+          &StepTimes::forward_seconds);
   std::lock_guard<std::mutex> lock(mu_);
   ttft_.write(out, "minfer_time_to_first_token_seconds", "Time from a request's arrival to its first generated token.");
   tpot_.write(out, "minfer_time_per_output_token_seconds", "Time per generated token after the first, per request.");
