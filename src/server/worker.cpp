@@ -23,7 +23,8 @@ void GenerationChannel::push(GenerationEvent e) {
 }
 
 Worker::Worker(Engine& engine, SchedulerOptions opts, int max_waiting)
-    : scheduler_(engine, opts), capacity_(opts.max_seqs + max_waiting), thread_([this] { loop(); }) {}
+    : scheduler_(engine, opts), capacity_(opts.max_seqs + max_waiting), delivery_thread_([this] { deliver_loop(); }),
+      thread_([this] { loop(); }) {}
 
 Worker::~Worker() {
   {
@@ -32,6 +33,36 @@ Worker::~Worker() {
   }
   work_.notify_one();
   thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(delivery_mu_);
+    delivery_stopping_ = true;
+  }
+  delivery_ready_.notify_one();
+  delivery_thread_.join();  // after delivering what the engine thread posted
+}
+
+void Worker::post_outbox() {
+  if (outbox_.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(delivery_mu_);
+    for (Delivery& d : outbox_) deliveries_.push_back(std::move(d));
+  }
+  outbox_.clear();
+  delivery_ready_.notify_one();
+}
+
+void Worker::deliver_loop() {
+  std::vector<Delivery> batch;
+  std::unique_lock<std::mutex> lock(delivery_mu_);
+  while (true) {
+    delivery_ready_.wait(lock, [&] { return delivery_stopping_ || !deliveries_.empty(); });
+    if (deliveries_.empty()) return;  // stopping, and everything delivered
+    batch.swap(deliveries_);
+    lock.unlock();
+    for (Delivery& d : batch) d.channel->push(std::move(d.event));
+    batch.clear();
+    lock.lock();
+  }
 }
 
 void Worker::wake() {
@@ -49,16 +80,16 @@ std::optional<Submission> Worker::submit(Request r, std::optional<int> top_logpr
   }
   auto channel = std::make_shared<GenerationChannel>(n);
   r.want_logits = top_logprobs.has_value();
-  r.on_token = [channel, top_logprobs](int choice, int32_t token, std::span<const float> logits) {
+  r.on_token = [this, channel, top_logprobs](int choice, int32_t token, std::span<const float> logits) {
     if (channel->choice_stopped(choice)) return false;
     GenerationEvent e = GenerationEvent::generated(choice, token);
     if (top_logprobs) e.logprobs = token_logprobs(logits, token, *top_logprobs);
-    channel->push(std::move(e));
+    outbox_.push_back({channel, std::move(e)});
     return true;
   };
   r.on_finish = [this, channel](int choice, FinishReason reason) {
     --in_flight_;
-    channel->push(GenerationEvent::end(choice, reason));
+    outbox_.push_back({channel, GenerationEvent::end(choice, reason)});
   };
   uint64_t id;
   try {
@@ -89,9 +120,11 @@ void Worker::loop() {
     lock.unlock();
     try {
       scheduler_.step();
+      post_outbox();
     } catch (const std::exception& e) {
       // A backend failure (a device error, say): requests waiting on it see failure() and end.
       std::fprintf(stderr, "minfer serve: the engine stopped: %s\n", e.what());
+      post_outbox();
       lock.lock();
       failure_ = e.what();
       return;

@@ -1,7 +1,9 @@
 // The engine thread and the channels between it and the HTTP threads. One thread loops
 // scheduler.step() while there is work and sleeps on a condition variable otherwise; HTTP threads
 // submit requests and read each request's events from its own channel. The engine thread never
-// waits on a client: on_token only computes the (small) logprobs and appends to a channel.
+// waits on a client: on_token only computes the (small) logprobs and appends to the step's
+// outbox; a delivery thread moves each step's events into the channels and wakes their readers
+// (one futex call a request, and the woken thread wanting a core) while the next step runs.
 #pragma once
 #include <atomic>
 #include <chrono>
@@ -71,6 +73,13 @@ class Worker {
  private:
   void loop();
   void wake();
+  void deliver_loop();
+  void post_outbox();  // engine thread: hands the step's events to the delivery thread
+
+  struct Delivery {
+    std::shared_ptr<GenerationChannel> channel;
+    GenerationEvent event;
+  };
 
   Scheduler scheduler_;
   const int capacity_;             // sequences in flight at most
@@ -79,6 +88,12 @@ class Worker {
   std::condition_variable work_;
   bool stopping_ = false;
   std::string failure_;
+  std::vector<Delivery> outbox_;  // engine thread only: the events of the step in progress
+  std::mutex delivery_mu_;
+  std::condition_variable delivery_ready_;
+  std::vector<Delivery> deliveries_;  // guarded by delivery_mu_, in the order the steps made them
+  bool delivery_stopping_ = false;    // guarded by delivery_mu_
+  std::thread delivery_thread_;
   std::thread thread_;
 };
 

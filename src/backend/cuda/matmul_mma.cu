@@ -71,10 +71,10 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, u
 }
 
 // The two B registers of one token's sub-block: 8 contiguous bytes, or two words (k16 halves).
-// Volatile so the compiler keeps the loads where the driver issues them (just before their
-// sub-block) instead of hoisting every load of the group: the registers that takes spill, and
-// spills cost more than the latency hidden (measured: loading one sub-block ahead, with spills,
-// was 4 % slower at 32 and 64 sequences).
+// Volatile so the compiler keeps the loads where tile_streams issues them (Group::kBLead
+// sub-blocks ahead) instead of hoisting every load of the group: the registers that takes spill,
+// and spills cost more than the latency hidden (one sub-block ahead was 4 % slower at 32 and 64
+// sequences while the kernels spilled, faster once the M products left the sub-block loop).
 __device__ __forceinline__ uint2 ldg_b_run(const uint8_t* p) {
   uint2 v;
   asm volatile("ld.global.nc.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
@@ -123,6 +123,7 @@ struct GroupQK45 {
   };
   static constexpr int kGroupBytes = kBytes;
   static constexpr bool kPartialGroups = false;  // rows of whole groups (cols % 256 == 0)
+  static constexpr int kBLead = 1;               // sub-blocks of B loads in flight ahead (NTF > 1)
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
   }
@@ -211,6 +212,7 @@ struct GroupQ6K {
   };
   static constexpr int kGroupBytes = 210;
   static constexpr bool kPartialGroups = false;
+  static constexpr int kBLead = 1;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * 210;
   }
@@ -278,6 +280,9 @@ struct GroupQ8 {
   };
   static constexpr int kGroupBytes = 8 * 34;  // fewer in a partial last group
   static constexpr bool kPartialGroups = true;
+  // Its float Parts leave no registers for B loads a sub-block ahead (ptxas: spills 8 -> 84 bytes
+  // at four fragments).
+  static constexpr int kBLead = 0;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 32) + 8 * g) * 34;
   }
@@ -388,21 +393,23 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     const int last_j = Group::kPartialGroups ? n_blocks - 1 - 8 * g : 7;
     const uint8_t* b_group = b_tile + size_t(g) * 8 * 1024;
     auto b_operand = [&](int j, int nf) { return Group::b_operand(b_group + min(j, last_j) * 1024 + nf * 256, tid); };
-    // At one fragment the group's 8 B loads are issued together, right after its weights: one
-    // round trip a group instead of one a sub-block (measured +2 % at 1 and 8 sequences; at more
-    // fragments their registers would spill).
-    constexpr bool kLoadGroupB = NTF == 1;
-    uint2 group_b[kLoadGroupB ? 8 : 1][NTF];
-    if constexpr (kLoadGroupB)
+    // Sub-block j + kLead's B loads are issued before sub-block j's products. At one fragment
+    // that is the whole group (one round trip a group: measured +2 % at 1 and 8 sequences); at
+    // more, one sub-block ahead where the type's registers allow (+3.1 % at 32 sequences, +1.1 %
+    // at 64).
+    constexpr int kLead = NTF == 1 ? 8 : Group::kBLead;
+    uint2 b[8][NTF];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) group_b[j][0] = b_operand(j, 0);
+    for (int j = 0; j < kLead; ++j)
+#pragma unroll
+      for (int nf = 0; nf < NTF; ++nf) b[j][nf] = b_operand(j, nf);
     typename Group::Part part[NTF] = {};
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      uint2 b[NTF];
+      if (j + kLead < 8)
 #pragma unroll
-      for (int nf = 0; nf < NTF; ++nf) b[nf] = kLoadGroupB ? group_b[j][nf] : b_operand(j, nf);
-      grp.multiply(j, b, 8 * g + j, tok, tid, part);
+        for (int nf = 0; nf < NTF; ++nf) b[j + kLead][nf] = b_operand(j + kLead, nf);
+      grp.multiply(j, b[j], 8 * g + j, tok, tid, part);
     }
     grp.close(tok, g, lane, part);
 #pragma unroll
