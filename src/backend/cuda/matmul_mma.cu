@@ -123,7 +123,7 @@ struct GroupQK45 {
   };
   static constexpr int kGroupBytes = kBytes;
   static constexpr bool kPartialGroups = false;  // rows of whole groups (cols % 256 == 0)
-  static constexpr int kBLead = 1;               // sub-blocks of B loads in flight ahead (NTF > 1)
+  static constexpr int kBLead = 2;               // sub-blocks of B loads in flight ahead (NTF > 1)
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
   }
@@ -212,7 +212,7 @@ struct GroupQ6K {
   };
   static constexpr int kGroupBytes = 210;
   static constexpr bool kPartialGroups = false;
-  static constexpr int kBLead = 1;
+  static constexpr int kBLead = 2;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * 210;
   }
@@ -395,9 +395,10 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     auto b_operand = [&](int j, int nf) { return Group::b_operand(b_group + min(j, last_j) * 1024 + nf * 256, tid); };
     // Sub-block j + kLead's B loads are issued before sub-block j's products. At one fragment
     // that is the whole group (one round trip a group: measured +2 % at 1 and 8 sequences); at
-    // more, one sub-block ahead where the type's registers allow (+3.1 % at 32 sequences, +1.1 %
-    // at 64).
-    constexpr int kLead = NTF == 1 ? 8 : Group::kBLead;
+    // four, Group::kBLead sub-blocks ahead (one: +3.1 % at 32 sequences and +1.1 % at 64; two
+    // for q4_K / q5_K and q6_K: +0.8 % more at both, although q6_K then spills 40 bytes; two alone
+    // for q4_K / q5_K: ±0, so the gain is q6_K's); at two fragments one ahead (the measured form).
+    constexpr int kLead = NTF == 1 ? 8 : NTF == 2 ? std::min(1, Group::kBLead) : Group::kBLead;
     uint2 b[8][NTF];
 #pragma unroll
     for (int j = 0; j < kLead; ++j)
