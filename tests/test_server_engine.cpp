@@ -140,7 +140,7 @@ TEST(Choices, NChoicesShareThePromptAndMatchSeparateRequests) {
   const SchedulerCounts counts = a.scheduler.counts();
   EXPECT_EQ(counts.prompt_steps.steps, 1);
   EXPECT_EQ(counts.decode_steps.steps, 5);
-  EXPECT_EQ(counts.steps, 6);
+  EXPECT_EQ(counts.steps(), 6);
   for (const StepTimes& t : {counts.prompt_steps, counts.decode_steps}) {
     EXPECT_GT(t.forward_seconds, 0.0);
     EXPECT_LE(t.forward_seconds, t.seconds);

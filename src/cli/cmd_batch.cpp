@@ -139,7 +139,7 @@ int run_batch(int argc, char** argv) {
   std::fprintf(stderr, "batch: %zu prompts, %lld prompt + %lld generated tokens in %.2f s: %.1f generated t/s "
                        "(%lld steps, %lld preemptions, %s)\n",
                prompts.size(), (long long)c.prompt_tokens, (long long)c.generated_tokens, seconds,
-               double(c.generated_tokens) / std::max(seconds, 1e-9), (long long)c.steps, (long long)c.preemptions,
+               double(c.generated_tokens) / std::max(seconds, 1e-9), (long long)c.steps(), (long long)c.preemptions,
                engine.backend_name().c_str());
   return 0;
 }

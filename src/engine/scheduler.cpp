@@ -303,7 +303,6 @@ void Scheduler::step() {
     std::lock_guard<std::mutex> lock(mu_);
     counts_.prompt_tokens += prompt_done;
     counts_.generated_tokens += generated;
-    ++counts_.steps;
     StepTimes& times = carries_prompt ? counts_.prompt_steps : counts_.decode_steps;
     ++times.steps;
     times.seconds += std::chrono::duration<double>(Clock::now() - start).count();

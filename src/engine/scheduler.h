@@ -60,9 +60,10 @@ struct StepTimes {
 struct SchedulerCounts {
   int running = 0, waiting = 0;
   int kv_used = 0, kv_cached = 0, kv_total = 0;  // blocks: held by sequences; cached, held by none; all
-  int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0, steps = 0;
+  int64_t prompt_tokens = 0, generated_tokens = 0, preemptions = 0;
   int64_t prefix_hit_tokens = 0;  // prompt positions taken from the prefix cache, not computed
   StepTimes decode_steps, prompt_steps;  // steps of decode tokens only; steps carrying prompt tokens
+  int64_t steps() const { return decode_steps.steps + prompt_steps.steps; }
 };
 
 class Scheduler {
