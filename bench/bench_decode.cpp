@@ -5,6 +5,9 @@
 // = matvec (launch_matvec: warp-per-row dp4a) or mma (launch_matmul_mma: int8 tensor cores);
 // ffn_gate_up is gate and up in one launch (two segments), as the engine runs them. Counters:
 // GB/s = weight bytes streamed / time, per_forward = launches of that row in one forward.
+// decode/<model>/attention/T<tokens>/d<len>: the split-K decode attention of every layer of a step
+// (one launch per layer, each layer its own paged K/V, the combine writing the o-projection's q8
+// plane as the engine runs it), each token a sequence of len positions; GB/s = K/V bytes / time.
 //   bench_decode --benchmark_filter='^decode/7B/.*/T64/' --benchmark_repetitions=3 \
 //     --benchmark_report_aggregates_only=true
 // Without a CUDA build (or device) it registers nothing.
@@ -13,6 +16,7 @@
 #if MINFER_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <string>
@@ -23,6 +27,7 @@
 #include "cuda_bench.h"
 #include "backend/cuda/kernels.h"
 #include "convert/synth.h"
+#include "util/half.h"
 
 namespace minfer {
 namespace {
@@ -76,6 +81,62 @@ void bench_decode(benchmark::State& state, GgmlType type, const std::vector<int6
   state.counters["GB/s"] = benchmark::Counter(weight_bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// A step's decode attention: `layers` launches over `tokens` sequences of `len` positions each,
+// every layer its own K/V pool of shuffled 64-position blocks (the engine's block size).
+void bench_decode_attention(benchmark::State& state, const synth::Preset& preset, int tokens, int len, int layers) {
+  const int hd = preset.head_dim, n_kv = preset.n_head_kv, n_head = preset.n_head, block_size = 64;
+  int sms = 0;
+  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sm count");
+  const int blocks_per_seq = (len + block_size - 1) / block_size, n_blocks = blocks_per_seq * tokens;
+  std::vector<int32_t> order(static_cast<size_t>(n_blocks)), offsets, positions(static_cast<size_t>(tokens), len - 1);
+  for (int b = 0; b < n_blocks; ++b) order[size_t(b)] = b;
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(5));
+  for (int t = 0; t < tokens; ++t) offsets.push_back(t * blocks_per_seq);
+  const size_t pool = size_t(n_blocks) * block_size * n_kv * hd;
+  std::vector<uint16_t> kv_host(pool);
+  std::mt19937_64 rng(6);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (uint16_t& h : kv_host) h = f32_to_f16(normal(rng));
+  std::vector<std::unique_ptr<DeviceMemory>> kv;
+  for (int i = 0; i < 2 * layers; ++i) {
+    kv.push_back(std::make_unique<DeviceMemory>(pool * 2));
+    check(cudaMemcpy(kv.back()->ptr, kv_host.data(), pool * 2, cudaMemcpyHostToDevice), "upload K/V");
+  }
+  const auto upload = [](const std::vector<int32_t>& v) {
+    auto d = std::make_unique<DeviceMemory>(v.size() * 4);
+    check(cudaMemcpy(d->ptr, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload table");
+    return d;
+  };
+  const auto d_tables = upload(order), d_offsets = upload(offsets), d_positions = upload(positions);
+  const ActivationPlane q(tokens, n_head * hd);
+  const int n_splits = std::max(1, (2 * sms + n_kv - 1) / n_kv);  // the engine's splits_for_decode
+  DeviceMemory out(size_t(tokens) * n_head * hd * 4);
+  DeviceMemory part(size_t(cuda::attention_workspace_floats(tokens, n_head, hd, n_splits)) * 4);
+  DeviceMemory q8(size_t(cuda::q8_plane_bytes(tokens, n_head * hd)));
+  std::vector<cuda::AttnParams> params(static_cast<size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    cuda::AttnParams& p = params[size_t(l)];
+    p.q = static_cast<const float*>(q.floats->ptr);
+    p.out = static_cast<float*>(out.ptr);
+    p.kv = {static_cast<uint16_t*>(kv[size_t(2 * l)]->ptr), static_cast<uint16_t*>(kv[size_t(2 * l + 1)]->ptr), n_kv, hd};
+    p.n_head = n_head;
+    p.n_tokens = tokens;
+    p.positions = static_cast<const int32_t*>(d_positions->ptr);
+    p.tables = static_cast<const int32_t*>(d_tables->ptr);
+    p.table_offsets = static_cast<const int32_t*>(d_offsets->ptr);
+    p.block_size = block_size;
+    p.n_splits = n_splits;
+    p.part = static_cast<float*>(part.ptr);
+    p.sm_count = sms;
+    if ((n_head * hd) % 256 == 0) p.q8 = cuda::q8_plane(static_cast<uint8_t*>(q8.ptr), tokens, n_head * hd), p.q8_rows = tokens;
+  }
+  bench::time_with_events(state, [&] {
+    for (const cuda::AttnParams& p : params) cuda::launch_attention(p, {});
+  });
+  state.counters["GB/s"] = benchmark::Counter(double(layers) * 2.0 * tokens * len * n_kv * hd * 2 * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 int register_all() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return 0;
@@ -104,6 +165,16 @@ int register_all() {
             s.counters["per_forward"] = matrix.per_forward;
           })->UseManualTime()->Iterations(50)->Unit(benchmark::kMicrosecond);
         }
+    const synth::Preset& preset = synth::find_preset(preset_name);
+    for (int tokens : {1, 8, 32, 64})
+      for (int len : {64, 134, 1024, 16384}) {
+        if (int64_t(tokens) * len > 64 * 1024) continue;  // the pools of every layer stay a few GB
+        const std::string name =
+            std::string("decode/") + label + "/attention/T" + std::to_string(tokens) + "/d" + std::to_string(len);
+        benchmark::RegisterBenchmark(name.c_str(), [=, &preset](benchmark::State& s) {
+          bench_decode_attention(s, preset, tokens, len, preset.n_layer);
+        })->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+      }
   }
   return 0;
 }

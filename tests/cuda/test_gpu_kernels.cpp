@@ -597,11 +597,12 @@ TEST(GpuKernels, RopeMatchesDoubleReference) {
 TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
   MINFER_REQUIRE_GPU();
   struct Case { int hd, n_head, n_kv, splits, block_size; std::vector<int> lens; };
-  // 7B / 14B / 0.5b shapes at depth, splits with no positions, a group over 8 heads, head_dim 256,
-  // several tokens of different sequences and lengths in one launch
+  // 7B / 14B / 0.5b shapes at depth, splits with no positions, groups over 8 heads (12: two chunks
+  // of 6; 9: chunks of 5 and 4), head_dim 256, several tokens of different sequences and lengths in
+  // one launch
   for (const Case& c : {Case{128, 28, 4, 66, 64, {1000}}, Case{128, 28, 4, 66, 16, {16384}}, Case{128, 40, 8, 33, 64, {4100}},
                         Case{64, 14, 2, 132, 32, {517}}, Case{64, 4, 2, 8, 16, {37, 5, 200}}, Case{128, 40, 8, 33, 64, {3}},
-                        Case{128, 12, 1, 7, 128, {300}}, Case{256, 8, 2, 5, 16, {129, 1}}}) {
+                        Case{128, 12, 1, 7, 128, {300}}, Case{64, 18, 2, 9, 16, {150, 7}}, Case{256, 8, 2, 5, 16, {129, 1}}}) {
     const int kvw = c.n_kv * c.hd, n_tokens = int(c.lens.size());
     std::vector<int32_t> tables, offsets, positions;
     int n_blocks = 0;

@@ -802,26 +802,36 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
   }
 }
 
-// ---- attention: split-K over the KV length, all q heads of a KV group in one block -------------
-// grid (n_kv_heads, split CTAs, n_tokens), 4 warps. A block owns G q heads of one KV head and the
-// slices y, y + gridDim.y, ... of its token's positions, so each K/V byte is read once for all G
-// and a short sequence's empty slices cost no block. Inside a warp, C = HD / 8
+// ---- attention: split-K over the KV length, the q heads of a KV group in one block -------------
+// grid (n_kv_heads x head chunks, split CTAs, n_tokens), 4 warps. A block owns G q heads of one KV
+// head (all of them up to kAttnMaxHeads; more as chunks of at most that many, the last maybe
+// smaller) and the slices y, y + gridDim.y, ... of its token's positions, so each K/V byte is read
+// once for its heads and a short sequence's empty slices cost no block. Inside a warp, C = HD / 8
 // lanes share a position (lane c holds dims 8c..8c+7: one 16-byte load per K or V row chunk, a
 // row read as one contiguous run), the warp covers 32 / C positions per load and keeps U loads of
-// K and V in flight per lane, the next iteration's issued before this one's arithmetic. A score
-// is the xor-butterfly sum over the C lanes (bitwise equal on all of them, so the max and the
-// rescale branch are warp-uniform); scores are kept in the exp2 domain (q is pre-scaled by
-// log2 e). Each warp keeps its own online softmax (m, l, acc); the four warps merge in shared
-// memory and the block writes one partial a slice; attn_combine merges the slices.
+// K and V in flight per lane, the next iteration's (or the block's next slice's first) issued
+// before this one's arithmetic. A score is the xor-butterfly sum over the C lanes (bitwise equal
+// on all of them, so the max and the rescale branch are warp-uniform); scores are kept in the
+// exp2 domain (q is pre-scaled by log2 e). Each warp keeps its own online softmax (m, l, acc); the
+// four warps merge in shared memory and the block writes one partial a slice; attn_combine merges
+// the slices. A head's arithmetic involves no other head, so how heads are grouped into blocks
+// does not change a bit.
 constexpr int kAttnWarps = 4;
 constexpr int kAttnUnroll = 4;
+constexpr int kAttnMaxHeads = 8;
+// Slices of at least two block iterations (64 positions at head_dim 128): each slice costs a merge
+// of the four warps, a partial and the combine's read of it, which at 32 and 64 sequences of
+// 64–200 positions outweigh the parallelism of one-iteration slices (+1.1 % at x32, +1.8 % at x64,
+// +3.6 / +4.3 % at depth 70; -1 % at one sequence; four iterations: -0.8 % at x32 against two).
+constexpr int kAttnMinIterations = 2;
 
-// Positions per split for a sequence of len positions: at most n_splits slices, each at least one
-// iteration of the block (4 warps x U loads of 32 / (HD / 8) positions). A function of the length
-// alone, so a token's bits do not depend on the batch; splits past the length are empty and skipped.
+// Positions per split for a sequence of len positions: at most n_splits slices, each at least
+// kAttnMinIterations iterations of the block (4 warps x U loads of 32 / (HD / 8) positions). A
+// function of the length alone, so a token's bits do not depend on the batch; splits past the
+// length are empty and skipped.
 template <int HD>
 __device__ __forceinline__ int attn_split_chunk(int len, int n_splits) {
-  return max((len + n_splits - 1) / n_splits, kAttnWarps * kAttnUnroll * (32 / (HD / 8)));
+  return max((len + n_splits - 1) / n_splits, kAttnMinIterations * kAttnWarps * kAttnUnroll * (32 / (HD / 8)));
 }
 // The slices that hold positions.
 template <int HD>
@@ -841,15 +851,16 @@ __device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
 }
 
 template <int HD, int G>
-__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head0) {
+__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
   await_predecessor();
   constexpr int C = HD / 8, LP = 32 / C, U = kAttnUnroll, PW = U * LP, NW = kAttnWarps;
   __shared__ float red_acc[NW][G][HD];
   __shared__ float red_m[NW][G], red_l[NW][G];
-  const int kvh = blockIdx.x, t = blockIdx.z;
+  const int kvh = blockIdx.x / head_chunks, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % C, grp = lane / C;
   const int group = p.n_head / p.kv.n_kv_heads;
-  const int qh0 = kvh * group + head0;  // first q head of this block
+  const int first = int(blockIdx.x % head_chunks) * G;  // of the KV head's q heads
+  const int qh0 = kvh * group + first, n_heads = min(G, group - first);  // the block's q heads
   const int len = p.positions[t] + 1;
   const int32_t* table = p.tables + p.table_offsets[t];
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
@@ -879,9 +890,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 #pragma unroll
   for (int h = 0; h < G; ++h)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[h][j] = p.q[size_t(t) * qw + size_t(qh0 + h) * HD + 8 * c + j] * scale;
+    for (int j = 0; j < 8; ++j) q[h][j] = p.q[size_t(t) * qw + size_t(qh0 + min(h, n_heads - 1)) * HD + 8 * c + j] * scale;
   float* part_acc = p.part;
   float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
+  uint4 kr[U], vr[U];
+  int loaded = -1;  // the slice whose first iteration kr/vr already hold
   for (int split = blockIdx.y; split < n_used; split += gridDim.y) {  // uniform over the block
     const int start = split * chunk, end = min(len, start + chunk);
     float m[G], l[G], acc[G][8];
@@ -892,12 +905,20 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[h][j] = 0.0f;
     }
-    uint4 kr[U], vr[U];
     int base = start + warp * PW;
-    if (base < end) load(base, end, kr, vr);
+    if (loaded != split && base < end) load(base, end, kr, vr);
     for (; base < end; base += NW * PW) {
       uint4 kn[U], vn[U];
-      if (base + NW * PW < end) load(base + NW * PW, end, kn, vn);  // prefetch the next iteration
+      if (base + NW * PW < end) {
+        load(base + NW * PW, end, kn, vn);  // prefetch the next iteration
+      } else {  // or the block's next slice's first: its loads fly during this slice's merge
+        const int next = split + gridDim.y, next_start = next * chunk + warp * PW;
+        const int next_end = min(len, next * chunk + chunk);
+        if (next < n_used && next_start < next_end) {
+          load(next_start, next_end, kn, vn);
+          loaded = next;
+        }
+      }
       float s[U][G];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
@@ -974,7 +995,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
     }
     __syncthreads();
     // partial layout: [t][q head][split] x HD acc, then (m, l) pairs in a second array
-    for (int i = threadIdx.x; i < G * HD; i += NW * 32) {
+    for (int i = threadIdx.x; i < n_heads * HD; i += NW * 32) {
       const int h = i / HD, d = i % HD;
       float mx = -INFINITY;
 #pragma unroll
@@ -1058,33 +1079,32 @@ int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n
 // wave (the blocks an SM holds at this kernel's registers, times the SMs), at least one, at most
 // one a slice.
 template <int HD, int G>
-static void launch_attention_split(const AttnParams& p, int head0, int head_chunks, const KernelStream& s) {
+static void launch_attention_split(const AttnParams& p, int head_chunks, const KernelStream& s) {
   int resident = 0;
   const cudaError_t e =
       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, attn_split_kernel<HD, G>, kAttnWarps * 32, 0);
   if (e != cudaSuccess) fail("attention: occupancy query: ", cudaGetErrorString(e));
   const int per_split = p.kv.n_kv_heads * p.n_tokens * head_chunks;
   const int split_ctas = std::clamp(std::max(resident, 1) * p.sm_count / per_split, 1, p.n_splits);
-  const dim3 grid(p.kv.n_kv_heads, split_ctas, p.n_tokens);
-  launch_kernel("attention", attn_split_kernel<HD, G>, grid, kAttnWarps * 32, 0, s, p, head0);
+  const dim3 grid(p.kv.n_kv_heads * head_chunks, split_ctas, p.n_tokens);
+  launch_kernel("attention", attn_split_kernel<HD, G>, grid, kAttnWarps * 32, 0, s, p, head_chunks);
 }
 
-// Groups of more than 8 q heads per KV head run as several launches of at most 8 heads each.
+// One launch: groups of more than kAttnMaxHeads q heads a KV head as chunks of equal size but the last.
 template <int HD>
 static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   const int group = p.n_head / p.kv.n_kv_heads;
-  const int head_chunks = (group + 7) / 8;
-  for (int head0 = 0; head0 < group; head0 += 8) {
-    switch (std::min(8, group - head0)) {
-      case 1: launch_attention_split<HD, 1>(p, head0, head_chunks, s); break;
-      case 2: launch_attention_split<HD, 2>(p, head0, head_chunks, s); break;
-      case 3: launch_attention_split<HD, 3>(p, head0, head_chunks, s); break;
-      case 4: launch_attention_split<HD, 4>(p, head0, head_chunks, s); break;
-      case 5: launch_attention_split<HD, 5>(p, head0, head_chunks, s); break;
-      case 6: launch_attention_split<HD, 6>(p, head0, head_chunks, s); break;
-      case 7: launch_attention_split<HD, 7>(p, head0, head_chunks, s); break;
-      default: launch_attention_split<HD, 8>(p, head0, head_chunks, s); break;
-    }
+  const int head_chunks = (group + kAttnMaxHeads - 1) / kAttnMaxHeads, heads = (group + head_chunks - 1) / head_chunks;
+  if ((head_chunks - 1) * heads >= group) fail("attention: ", group, " heads a KV head in ", head_chunks, " chunks");
+  switch (heads) {
+    case 1: launch_attention_split<HD, 1>(p, head_chunks, s); break;
+    case 2: launch_attention_split<HD, 2>(p, head_chunks, s); break;
+    case 3: launch_attention_split<HD, 3>(p, head_chunks, s); break;
+    case 4: launch_attention_split<HD, 4>(p, head_chunks, s); break;
+    case 5: launch_attention_split<HD, 5>(p, head_chunks, s); break;
+    case 6: launch_attention_split<HD, 6>(p, head_chunks, s); break;
+    case 7: launch_attention_split<HD, 7>(p, head_chunks, s); break;
+    default: launch_attention_split<HD, 8>(p, head_chunks, s); break;
   }
   if (p.q8_rows > 0) {  // the q8 epilogue: a block per 256-column group
     static_assert(256 % HD == 0, "a group is whole heads");
