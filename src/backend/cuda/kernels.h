@@ -213,8 +213,9 @@ struct AttnParams {
   const int32_t* tables = nullptr;        // block tables, concatenated
   const int32_t* table_offsets = nullptr; // [n_tokens]: token t's table starts at tables[offset]
   int block_size = 0;                     // a power of two
-  // Split-K over the KV length: at most n_splits slices of >= 64 positions each (head_dim 128). The slice
-  // boundaries depend only on the length, so a token's bits do not depend on the batch.
+  // Split-K over the KV length: at most n_splits slices of at least two block iterations each (64
+  // positions at head_dim 128, 128 at 64). The slice boundaries depend only on the length, so a
+  // token's bits do not depend on the batch.
   int n_splits = 1;
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
