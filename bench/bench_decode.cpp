@@ -109,7 +109,7 @@ void bench_decode_attention(benchmark::State& state, const synth::Preset& preset
   };
   const auto d_tables = upload(order), d_offsets = upload(offsets), d_positions = upload(positions);
   const ActivationPlane q(tokens, n_head * hd);
-  const int n_splits = std::max(1, (2 * sms + n_kv - 1) / n_kv);  // the engine's splits_for_decode
+  const int n_splits = cuda::decode_attention_splits(sms, n_kv);
   DeviceMemory out(size_t(tokens) * n_head * hd * 4);
   DeviceMemory part(size_t(cuda::attention_workspace_floats(tokens, n_head, hd, n_splits)) * 4);
   DeviceMemory q8(size_t(cuda::q8_plane_bytes(tokens, n_head * hd)));

@@ -176,7 +176,7 @@ struct CudaBackend::Impl {
     }
     return int64_t(most) + 3 * 256;  // the runs of one group start 256-byte aligned (prompt_stacked)
   }
-  int splits_for_decode() const { return std::max(1, (2 * ctx.sm_count + hp.n_head_kv - 1) / hp.n_head_kv); }
+  int splits_for_decode() const { return decode_attention_splits(ctx.sm_count, hp.n_head_kv); }
   // Rows of the buffers of output rows and generated tokens (at most `outputs` a step: the logits,
   // the gathered output rows, the decode attention's partials), a captured decode step's padded
   // to its bucket; rows of slot s.

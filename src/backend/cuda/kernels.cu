@@ -1075,6 +1075,10 @@ int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n
   return int64_t(n_tokens) * n_head * n_splits * (head_dim + 2);
 }
 
+int decode_attention_splits(int sm_count, int n_kv_heads) {
+  return std::max(1, (2 * sm_count + n_kv_heads - 1) / n_kv_heads);
+}
+
 // The split launch: gridDim.y = the most split CTAs a (KV head, token, head chunk) that fit in one
 // wave (the blocks an SM holds at this kernel's registers, times the SMs), at least one, at most
 // one a slice.
@@ -1094,8 +1098,9 @@ static void launch_attention_split(const AttnParams& p, int head_chunks, const K
 template <int HD>
 static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   const int group = p.n_head / p.kv.n_kv_heads;
-  const int head_chunks = (group + kAttnMaxHeads - 1) / kAttnMaxHeads, heads = (group + head_chunks - 1) / head_chunks;
-  if ((head_chunks - 1) * heads >= group) fail("attention: ", group, " heads a KV head in ", head_chunks, " chunks");
+  const int fewest_chunks = (group + kAttnMaxHeads - 1) / kAttnMaxHeads;
+  const int heads = (group + fewest_chunks - 1) / fewest_chunks;  // a block, balanced over the chunks
+  const int head_chunks = (group + heads - 1) / heads;            // of `heads` each but the last: none empty
   switch (heads) {
     case 1: launch_attention_split<HD, 1>(p, head_chunks, s); break;
     case 2: launch_attention_split<HD, 2>(p, head_chunks, s); break;

@@ -226,6 +226,9 @@ struct AttnParams {
   int q8_rows = 0;
 };
 int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits);
+// AttnParams::n_splits for decode on a device of sm_count multiprocessors: two waves' worth of
+// slices a KV head, so one sequence's long context fills the card.
+int decode_attention_splits(int sm_count, int n_kv_heads);
 void launch_attention(const AttnParams& p, const KernelStream& s);
 
 }  // namespace minfer::cuda
