@@ -626,7 +626,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
     DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits)));
     // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
     // many slices, 100000 one block a slice; the bits must not change.
-    auto attend = [&](int sm_count, DevicePlane* q8 = nullptr) {
+    auto attend = [&](int sm_count, DevicePlane* q8 = nullptr, int head_chunks = 1) {
       DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
       cuda::AttnParams p;
       p.q = dq.get();
@@ -641,6 +641,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
       p.n_splits = c.splits;
       p.part = part.get();
       p.sm_count = sm_count;
+      p.head_chunks = head_chunks;
       if (q8) p.q8 = q8->plane, p.q8_rows = n_tokens;
       cuda::launch_attention(p, nullptr);
       return out.download();
@@ -649,6 +650,11 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
     for (const int sm_count : {1, 3, 132}) {
       const auto other = attend(sm_count);
       ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "sm_count " << sm_count << " head_dim " << c.hd;
+    }
+    // nor on how a KV head's q heads are spread over blocks (down to one a block)
+    for (const int head_chunks : {2, 3, c.n_head / c.n_kv}) {
+      const auto other = attend(132, nullptr, head_chunks);
+      ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "head chunks " << head_chunks << " head_dim " << c.hd;
     }
     const int width = c.n_head * c.hd;
     if (width % 256 == 0) {  // the o-projection's q8 plane from the combine: the standalone quantize's bits

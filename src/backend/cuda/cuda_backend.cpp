@@ -105,7 +105,7 @@ struct CudaBackend::Impl {
     GraphExec exec;
     std::vector<Launch> launches;
   };
-  std::map<int, Captured> graphs;  // decode-only steps by bucket
+  std::map<std::pair<int, int>, Captured> graphs;  // decode-only steps by bucket and attention head chunks
   std::vector<Launch> eager_launches;
   const std::vector<Launch>* launches = &eager_launches;  // of the last step
   int step = 0;
@@ -253,7 +253,21 @@ struct CudaBackend::Impl {
   // ---- one step ---------------------------------------------------------------------------------
   struct Geometry {
     int n = 0, decode = 0, out_rows = 0, n_tiles = 0;
+    int attention_head_chunks = 1;  // AttnParams::head_chunks of the decode attention
   };
+
+  // Blocks a KV head's q heads spread over in a step's decode attention: the most (doubling, up to
+  // the group) that keep the split launch within a wave of two blocks an SM. Fewer heads a block
+  // shorten each block where blocks are few; where they are not, each block re-reads the K/V its
+  // siblings read (docs/10 §5). No bit depends on it.
+  int attention_head_chunks(int decode_rows, int max_len) const {
+    if (decode_rows == 0) return 1;
+    const int group = hp.n_head / hp.n_head_kv, slots = 2 * ctx.sm_count;
+    const int64_t blocks = int64_t(decode_rows) * hp.n_head_kv * attention_slices(max_len, decode_splits, hp.head_dim);
+    int chunks = 1;
+    while (2 * chunks <= group && 2 * chunks * blocks <= slots) chunks *= 2;
+    return chunks;
+  }
 
   // Fills io from the batch (plus `padding` decode rows for a captured graph's bucket).
   void build_io(const StepBatch& b, int padding) {
@@ -364,10 +378,15 @@ struct CudaBackend::Impl {
     check(cudaEventRecord(step_begin.get(), stream.get()), "cudaEventRecord");
     upload_io();
 
+    int max_len = 0;
+    for (const SeqChunk& c : b.chunks)
+      if (c.decode) max_len = std::max(max_len, c.pos + 1);
     Geometry geo{rows, use_graph ? rows : decode_rows, use_graph ? rows : n_out, int(io.tiles.size())};
+    geo.attention_head_chunks = attention_head_chunks(geo.decode, max_len);
     const StepShape shape{geo.decode > 0, geo.decode < geo.n, all_rows_out};
     if (use_graph) {
-      auto it = graphs.find(rows);
+      const std::pair<int, int> key{rows, geo.attention_head_chunks};
+      auto it = graphs.find(key);
       if (it == graphs.end()) {
         std::vector<Launch> plan = lower(graph, f, shape);
         cudaGraph_t g = nullptr;
@@ -382,7 +401,7 @@ struct CudaBackend::Impl {
         check(cudaStreamEndCapture(stream.get(), &g), "cudaStreamEndCapture");
         GraphExec exec(g);
         cudaGraphDestroy(g);
-        it = graphs.emplace(rows, Captured{std::move(exec), std::move(plan)}).first;
+        it = graphs.emplace(key, Captured{std::move(exec), std::move(plan)}).first;
       }
       launches = &it->second.launches;
       check(cudaGraphLaunch(it->second.exec.get(), stream.get()), "cudaGraphLaunch");
@@ -526,7 +545,7 @@ struct CudaBackend::Impl {
                          d_slots() + row0, s);
         return;
       case LaunchKind::DecodeAttention:
-        decode_attention(l, node, row0, count, s);
+        decode_attention(l, node, geo, row0, count, s);
         return;
       case LaunchKind::PromptAttention:
         if (hp.head_dim == 64 || hp.head_dim == 128) {
@@ -554,7 +573,7 @@ struct CudaBackend::Impl {
           pa.scale = 1.0f / std::sqrt(float(hp.head_dim));
           launch_prefill_attention(pa, s.stream);
         } else {  // other head sizes: the split-K kernel, one query row at a time
-          decode_attention(l, node, row0, count, s);
+          decode_attention(l, node, geo, row0, count, s);
           if (l.writes_bf16)
             launch_prefill_activation_bf16(slot(l.out) + row0 * w_out, bf16[l.bf16_out].get() + row0 * w_out,
                                            int64_t(count) * w_out, s.stream);
@@ -576,7 +595,8 @@ struct CudaBackend::Impl {
     }
   }
 
-  void decode_attention(const Launch& l, const Node& node, int row0, int count, const KernelStream& s) {
+  void decode_attention(const Launch& l, const Node& node, const Geometry& geo, int row0, int count,
+                        const KernelStream& s) {
     const int64_t w = width(l.in);
     AttnParams p;
     p.q = slot(l.in) + row0 * w;
@@ -589,6 +609,7 @@ struct CudaBackend::Impl {
     p.table_offsets = d_table_offsets() + row0;
     p.block_size = block_size;
     p.n_splits = decode_splits;
+    p.head_chunks = geo.attention_head_chunks;
     p.part = attn_part.get();
     p.sm_count = ctx.sm_count;
     if (l.writes_q8) p.q8 = plane(width(l.out)), p.q8_rows = count;  // decode rows start at row 0

@@ -829,15 +829,15 @@ constexpr int kAttnMinIterations = 2;
 // kAttnMinIterations iterations of the block (4 warps x U loads of 32 / (HD / 8) positions). A
 // function of the length alone, so a token's bits do not depend on the batch; splits past the
 // length are empty and skipped.
-template <int HD>
-__device__ __forceinline__ int attn_split_chunk(int len, int n_splits) {
-  return max((len + n_splits - 1) / n_splits, kAttnMinIterations * kAttnWarps * kAttnUnroll * (32 / (HD / 8)));
+__host__ __device__ __forceinline__ int attn_split_chunk(int len, int n_splits, int head_dim) {
+  const int least = kAttnMinIterations * kAttnWarps * kAttnUnroll * (32 / (head_dim / 8));
+  const int even = (len + n_splits - 1) / n_splits;
+  return even > least ? even : least;
 }
 // The slices that hold positions.
-template <int HD>
-__device__ __forceinline__ int attn_splits_used(int len, int n_splits) {
-  const int chunk = attn_split_chunk<HD>(len, n_splits);
-  return min(n_splits, (len + chunk - 1) / chunk);
+__host__ __device__ __forceinline__ int attn_splits_used(int len, int n_splits, int head_dim) {
+  const int chunk = attn_split_chunk(len, n_splits, head_dim), used = (len + chunk - 1) / chunk;
+  return used < n_splits ? used : n_splits;
 }
 
 __device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
@@ -864,8 +864,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   const int len = p.positions[t] + 1;
   const int32_t* table = p.tables + p.table_offsets[t];
   const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
-  const int chunk = attn_split_chunk<HD>(len, p.n_splits);
-  const int n_used = attn_splits_used<HD>(len, p.n_splits);
+  const int chunk = attn_split_chunk(len, p.n_splits, HD);
+  const int n_used = attn_splits_used(len, p.n_splits, HD);
   const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
   const int qw = p.n_head * HD;
   const size_t ld_kv = size_t(p.kv.n_kv_heads) * HD * 2;  // bytes between positions
@@ -1035,7 +1035,7 @@ __global__ void attn_combine_kernel(const AttnParams p) {
   const int head = threadIdx.x / HD, tid = threadIdx.x % HD;
   const int qh = blockIdx.x * G + head, t = blockIdx.y;
   const int len = p.positions[t] + 1;
-  const int S = attn_splits_used<HD>(len, p.n_splits);
+  const int S = attn_splits_used(len, p.n_splits, HD);
   float *w_s = ml + 2 * head * p.n_splits, *l_s = w_s + S;
   const float* part_acc = p.part;
   const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
@@ -1079,6 +1079,8 @@ int decode_attention_splits(int sm_count, int n_kv_heads) {
   return std::max(1, (2 * sm_count + n_kv_heads - 1) / n_kv_heads);
 }
 
+int attention_slices(int len, int n_splits, int head_dim) { return attn_splits_used(len, n_splits, head_dim); }
+
 // The split launch: gridDim.y = the most split CTAs a (KV head, token, head chunk) that fit in one
 // wave (the blocks an SM holds at this kernel's registers, times the SMs), at least one, at most
 // one a slice.
@@ -1094,13 +1096,13 @@ static void launch_attention_split(const AttnParams& p, int head_chunks, const K
   launch_kernel("attention", attn_split_kernel<HD, G>, grid, kAttnWarps * 32, 0, s, p, head_chunks);
 }
 
-// One launch: groups of more than kAttnMaxHeads q heads a KV head as chunks of equal size but the last.
+// One launch: a KV head's q heads in p.head_chunks chunks (at least enough for kAttnMaxHeads heads a
+// block), of equal size but the last.
 template <int HD>
 static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   const int group = p.n_head / p.kv.n_kv_heads;
-  const int fewest_chunks = (group + kAttnMaxHeads - 1) / kAttnMaxHeads;
-  const int heads = (group + fewest_chunks - 1) / fewest_chunks;  // a block, balanced over the chunks
-  const int head_chunks = (group + heads - 1) / heads;            // of `heads` each but the last: none empty
+  const int wanted = std::clamp(p.head_chunks, (group + kAttnMaxHeads - 1) / kAttnMaxHeads, group);
+  const int heads = (group + wanted - 1) / wanted, head_chunks = (group + heads - 1) / heads;  // none empty
   switch (heads) {
     case 1: launch_attention_split<HD, 1>(p, head_chunks, s); break;
     case 2: launch_attention_split<HD, 2>(p, head_chunks, s); break;

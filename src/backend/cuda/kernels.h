@@ -217,6 +217,9 @@ struct AttnParams {
   // positions at head_dim 128, 128 at 64). The slice boundaries depend only on the length, so a
   // token's bits do not depend on the batch.
   int n_splits = 1;
+  // Blocks a KV head's q heads are spread over (at least as many as kAttnMaxHeads asks): launch
+  // geometry only, no bit depends on it (a head's arithmetic involves no other head).
+  int head_chunks = 1;
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
   // q8_rows > 0: the combine also writes tokens 0..q8_rows-1 of the output to the q8 plane (the
@@ -229,6 +232,8 @@ int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n
 // AttnParams::n_splits for decode on a device of sm_count multiprocessors: two waves' worth of
 // slices a KV head, so one sequence's long context fills the card.
 int decode_attention_splits(int sm_count, int n_kv_heads);
+// The slices holding positions of a sequence of len positions (what the split launch works on).
+int attention_slices(int len, int n_splits, int head_dim);
 void launch_attention(const AttnParams& p, const KernelStream& s);
 
 }  // namespace minfer::cuda
