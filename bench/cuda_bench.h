@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../tests/cuda/prefill_test_data.h"
+#include "backend/cuda/kernels.h"
 
 namespace minfer::bench {
 
@@ -31,15 +32,16 @@ struct DeviceMemory {
   DeviceMemory& operator=(const DeviceMemory&) = delete;
 };
 
-// A random weight matrix (test::random_weight_rows) of n rows x k columns in type t on the device,
-// generated once per (t, n, k, salt) and kept for the process (a different salt: other bytes at
-// another address, e.g. gate and up of one launch, which must not share cache lines).
+// A random weight matrix (test::random_weight_rows) of n rows x k columns in type t on the device
+// in its device layout, generated once per (t, n, k, salt) and kept for the process (a different
+// salt: other bytes at another address, e.g. gate and up of one launch, which must not share
+// cache lines).
 inline const uint8_t* device_weights(GgmlType t, int64_t n, int64_t k, int salt = 0) {
   static std::map<std::tuple<GgmlType, int64_t, int64_t, int>, std::unique_ptr<DeviceMemory>> cache;
   auto& slot = cache[{t, n, k, salt}];
   if (!slot) {
-    const std::vector<uint8_t> host =
-        test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k) + 1000003 * uint64_t(salt));
+    const std::vector<uint8_t> host = cuda::device_layout(
+        t, test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k) + 1000003 * uint64_t(salt)));
     slot = std::make_unique<DeviceMemory>(host.size());
     check(cudaMemcpy(slot->ptr, host.data(), host.size(), cudaMemcpyHostToDevice), "upload weights");
   }

@@ -16,6 +16,7 @@
 #include "sampling/draw.h"
 #include "gpu_support.h"
 #include "../support.h"
+#include "util/error.h"
 #include "util/half.h"
 
 namespace minfer::test {
@@ -224,7 +225,7 @@ Mv run_matvec(GgmlType t, int rows, int cols, int n_tokens, uint64_t salt) {
   const auto x = random_normal(static_cast<size_t>(n_tokens) * cols, 1.0f, salt + 1);
   const auto wq = quantize_matrix(t, wf, rows, cols);
   auto xq = quantize_pad40_cpu(x, n_tokens, cols);
-  DeviceBuffer<uint8_t> dw(wq);
+  DeviceBuffer<uint8_t> dw(cuda::device_layout(t, wq));
   DevicePlane dxq(xq, n_tokens, cols);
   DeviceBuffer<float> dx(x), dout(static_cast<size_t>(n_tokens) * rows);
   cuda::MatSeg seg;
@@ -287,7 +288,7 @@ TEST(GpuKernels, MatVecMultiTokenIsBitwiseThePerTokenResult) {
     const auto wf = random_normal(static_cast<size_t>(rows) * cols, 0.5f, 40);
     const auto x = random_normal(static_cast<size_t>(n) * cols, 1.0f, 41);
     const auto wq = quantize_matrix(t, wf, rows, cols);
-    DeviceBuffer<uint8_t> dw(wq);
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, wq));
     DevicePlane dxq(quantize_pad40_cpu(x, n, cols), n, cols);
     DeviceBuffer<float> dx(x), all(static_cast<size_t>(n) * rows), one(static_cast<size_t>(n) * rows);
     cuda::MatSeg seg;
@@ -330,7 +331,7 @@ TEST(GpuKernels, MatVecIntegerDotIsExact) {
     std::vector<float> x(static_cast<size_t>(cols));
     for (int i = 0; i < cols; ++i) x[size_t(i)] = float(int(rng() % 5) - 2);
     for (int b = 0; b < cols / 32; ++b) x[size_t(32 * b + int(rng() % 32))] = (rng() & 1) ? 127.0f : -127.0f;
-    DeviceBuffer<uint8_t> dw(w);
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, w));
     DevicePlane dxq(quantize_pad40_cpu(x, 1, cols), 1, cols);
     DeviceBuffer<float> dout(static_cast<size_t>(rows));
     cuda::MatSeg seg;
@@ -349,13 +350,38 @@ TEST(GpuKernels, MatVecIntegerDotIsExact) {
   }
 }
 
+// The device layout (host code: no GPU needed): q6_K blocks kQ6KDeviceBlockBytes apart, each its
+// 210 GGUF bytes and zeros after; other types' bytes as they are; and the upload's chunks (runs of
+// whole blocks copied one by one) give the same bytes as the whole matrix at once.
+TEST(GpuKernels, DeviceLayoutPadsOnlyQ6KBlocks) {
+  for (GgmlType t : {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q8_0}) {
+    const int rows = 3, cols = 512;
+    const auto w = quantize_matrix(t, random_normal(static_cast<size_t>(rows) * cols, 1.0f, 90), rows, cols);
+    const std::vector<uint8_t> dev = cuda::device_layout(t, w);
+    const size_t block = type_traits(t).type_size, n_blocks = w.size() / block;
+    const size_t stride = t == GgmlType::Q6_K ? size_t(cuda::kQ6KDeviceBlockBytes) : block;
+    ASSERT_EQ(dev.size(), n_blocks * stride);
+    ASSERT_EQ(dev.size(), size_t(rows) * size_t(cuda::device_row_bytes(t, cols)));
+    for (size_t b = 0; b < n_blocks; ++b) {
+      ASSERT_EQ(std::memcmp(dev.data() + b * stride, w.data() + b * block, block), 0) << "block " << b;
+      for (size_t i = block; i < stride; ++i) ASSERT_EQ(dev[b * stride + i], 0) << "block " << b;
+    }
+    std::vector<uint8_t> chunked(dev.size(), 0xAA);
+    for (size_t b = 0; b < n_blocks; b += 5)
+      cuda::copy_to_device_layout(t, w.data() + b * block, int64_t(std::min<size_t>(5, n_blocks - b)),
+                                  chunked.data() + b * stride);
+    EXPECT_EQ(chunked, dev) << type_traits(t).name;
+  }
+  EXPECT_THROW(cuda::device_layout(GgmlType::Q6_K, std::vector<uint8_t>(211)), Error);
+}
+
 TEST(GpuKernels, DequantizeRowsMatchesCpu) {
   MINFER_REQUIRE_GPU();
   for (GgmlType t : kWeightTypes) {
     const int rows = 6, cols = 512;
     const auto wf = random_normal(static_cast<size_t>(rows) * cols, 1.0f, 60);
     const auto wq = quantize_matrix(t, wf, rows, cols);
-    DeviceBuffer<uint8_t> dw(wq);
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, wq));
     DeviceBuffer<float> out(static_cast<size_t>(3) * cols);
     cuda::launch_dequantize_rows({t, rows, cols, dw.get()}, 2, 3, out.get(), nullptr);
     const auto g = out.download();
@@ -384,7 +410,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       std::vector<std::unique_ptr<DeviceBuffer<float>>> bias;
       for (int s = 0; s < 3; ++s) {
         w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-            quantize_matrix(types[s], random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s)), widths[s], dim)));
+            cuda::device_layout(types[s], quantize_matrix(types[s], random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s)), widths[s], dim))));
         bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
       }
       const auto x = random_normal(static_cast<size_t>(n) * dim, 1.0f, 90);
@@ -508,7 +534,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), pad40_row(xq, t, sh.cols), sh.cols);
         want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
       }
-    DeviceBuffer<uint8_t> dw(wq);
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(sh.t, wq));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
     for (bool mma : {false, true})

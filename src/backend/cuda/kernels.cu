@@ -315,7 +315,7 @@ __device__ void dequant_group(const DevMat& m, int row, int g, float* out) {
       return;
     }
     case GgmlType::Q6_K: {
-      const uint8_t* b = m.data + (size_t(row) * (cols / 256) + g / 8) * 210;
+      const uint8_t* b = m.data + (size_t(row) * (cols / 256) + g / 8) * kQ6KDeviceBlockBytes;
       const int j = g % 8, h = j / 4, k = j % 4;
       const uint8_t* ql = b + 64 * h + 32 * (k & 1);
       const uint8_t* qh = b + 128 + 32 * h;

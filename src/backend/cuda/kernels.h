@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "quant/types.h"
 
@@ -19,14 +20,24 @@ struct KernelStream {
   KernelStream(cudaStream_t s = nullptr, bool allow_pdl = false) : stream(s), pdl(allow_pdl) {}
 };
 
-// A weight matrix on the device, rows x cols, in its GGUF block layout (the prefill GEMM reads
-// the same bytes). q4_K/q5_K blocks are 16-byte multiples; q6_K (210 B) and the 32-blocks are only
-// 2-byte aligned, so their kernels assemble words from aligned loads.
+// A weight matrix on the device, rows x cols, in its device layout (every kernel, the prefill GEMM
+// included, reads the same bytes): the GGUF blocks as they are, except q6_K's, padded from 210 to
+// kQ6KDeviceBlockBytes so that every block starts 4-byte aligned and its kernels load whole words
+// (words assembled from two loads each, and their addresses, made the q6_K matmul the slowest per
+// weight; docs/10 §5). q4_K/q5_K blocks are 16-byte multiples; the 32-blocks are only 2-byte
+// aligned, so their kernels assemble words from aligned loads.
 struct DevMat {
   GgmlType type = GgmlType::F32;
   int rows = 0, cols = 0;
   const uint8_t* data = nullptr;
 };
+constexpr int kQ6KDeviceBlockBytes = 212;  // ql[128] qh[64] scales[16] d, then 2 bytes of zeros
+// Bytes of one row of `cols` values of type t in the device layout.
+int64_t device_row_bytes(GgmlType t, int64_t cols);
+// Copies n_blocks consecutive GGUF blocks of type t (rows' worth or any run of whole blocks) from
+// src into the device layout at dst (device_row_bytes per row's blocks).
+void copy_to_device_layout(GgmlType t, const uint8_t* src, int64_t n_blocks, uint8_t* dst);
+std::vector<uint8_t> device_layout(GgmlType t, const std::vector<uint8_t>& gguf_bytes);
 bool cuda_supports_weight_type(GgmlType t);
 
 // The decode activation plane: rows of f32 activations quantized to int8 with one f16 scale per

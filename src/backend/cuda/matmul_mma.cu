@@ -89,12 +89,6 @@ __device__ __forceinline__ uint2 ldg_b_pair(const uint8_t* p0, const uint8_t* p1
 // Asks L2 for the line holding p (the next group's weights, while this group is multiplied).
 __device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
-__device__ __forceinline__ uint32_t ld_word_a2(const uint8_t* p) {
-  uint32_t w[1];
-  ld_words_a2(p, w);
-  return w[0];
-}
-
 // ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----
 // load() reads the group's bytes; b_operand(q, tid) loads a token's B registers of one sub-block
 // from its 32 quants q; multiply(j, b, ...) multiplies sub-block j (plane block blk = 8g + j) with
@@ -205,41 +199,38 @@ struct GroupQK45 {
 
 // q6_K: sub-block j = elements 32j..32j+31 of the super-block (halves lo/hi: l = 0..15, 16..31,
 // one int8 scale each). With hh = j / 4, kq = j % 4, element l's low 4 bits are nibble kq / 2 of
-// ql[64 hh + 32 (kq & 1) + l] and its high 2 bits are bits 2 kq of qh[32 hh + l].
+// ql[64 hh + 32 (kq & 1) + l] and its high 2 bits are bits 2 kq of qh[32 hh + l]. Blocks are
+// kQ6KDeviceBlockBytes apart, so every word below is one aligned load.
 struct GroupQ6K {
   struct Part {
     int s[4];
   };
-  static constexpr int kGroupBytes = 210;
+  static constexpr int kGroupBytes = kQ6KDeviceBlockBytes;
   static constexpr bool kPartialGroups = false;
   static constexpr int kBLead = 2;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
-    return m.data + (size_t(row) * (m.cols / 256) + g) * 210;
+    return m.data + (size_t(row) * (m.cols / 256) + g) * kQ6KDeviceBlockBytes;
   }
   uint32_t ql[2][2][2][2];  // [row][j/4][(j%4)&1][half]: bytes 4tid..4tid+3 of the 16-byte run
   uint32_t qh[2][2][2];     // [row][j/4][half]
   uint32_t sc[2][4];        // [row]: the 16 int8 scales
   float d[2];
   __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
-    const int nsb = m.cols / 256;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint8_t* b = m.data + (size_t(R[r]) * nsb + g) * 210;
+      const uint8_t* b = group_base(m, R[r], g);
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          ql[r][hh][0][half] = ld_word_a2(b + 64 * hh + 16 * half + 4 * tid);
-          ql[r][hh][1][half] = ld_word_a2(b + 64 * hh + 32 + 16 * half + 4 * tid);
-          qh[r][hh][half] = ld_word_a2(b + 128 + 32 * hh + 16 * half + 4 * tid);
+          ql[r][hh][0][half] = ldg_word(b + 64 * hh + 16 * half + 4 * tid);
+          ql[r][hh][1][half] = ldg_word(b + 64 * hh + 32 + 16 * half + 4 * tid);
+          qh[r][hh][half] = ldg_word(b + 128 + 32 * hh + 16 * half + 4 * tid);
         }
-      ld_words_a2(b + 192, sc[r]);
+#pragma unroll
+      for (int w = 0; w < 4; ++w) sc[r][w] = ldg_word(b + 192 + 4 * w);
       d[r] = h2f(ld_u16(b + 208));
     }
-  }
-  __device__ static uint32_t quants(uint32_t low, uint32_t high, int kq) {
-    const uint32_t q = ((low >> (4 * (kq >> 1))) & 0x0F0F0F0Fu) | (((high >> (2 * kq)) & 0x03030303u) << 4);
-    return __vsub4(q, 0x20202020u);
   }
   __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_pair(q + 4 * tid, q + 16 + 4 * tid); }
   template <int NTF>
@@ -251,8 +242,8 @@ struct GroupQ6K {
     for (int half = 0; half < 2; ++half)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        a[half][r] = quants(ql[r][hh][kq & 1][half], qh[r][hh][half], kq);
-        s[half][r] = int(int8_t(sc[r][j / 2] >> (16 * (j & 1) + 8 * half)));
+        a[half][r] = q6k_quants_s8(ql[r][hh][kq & 1][half], qh[r][hh][half], 4 * (kq >> 1), 2 * kq);
+        s[half][r] = sext_byte(sc[r][j / 2], 2 * (j & 1) + half);
       }
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {

@@ -56,7 +56,7 @@ bool prefill_gemm_device_has_wgmma();
 
 struct PrefillGemm {
   GgmlType w_type = GgmlType::F32;
-  const void* w = nullptr;  // n rows of row_bytes(w_type, k) bytes each, contiguous (GGUF layout)
+  const void* w = nullptr;  // n rows of device_row_bytes(w_type, k) bytes each, contiguous (kernels.h)
   int64_t n = 0;            // output features (weight rows)
   int64_t k = 0;            // input features
   const uint16_t* x = nullptr;  // bf16 activations, row-major [m][ldx]

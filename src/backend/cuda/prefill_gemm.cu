@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
 #include "util/env.h"
@@ -130,8 +131,7 @@ __device__ __forceinline__ uint4 pack8(ElementFn f) {
                     pack_bf16x2(f(6), f(7)));
 }
 
-// kWords 32-bit words starting at a 2-byte aligned address (q6_K and q8_0 blocks are 210 and 34
-// bytes). Loads stay pure so they can be in flight during the MMA step; the realignment happens
+// kWords 32-bit words starting at a 2-byte aligned address (q8_0 blocks are 34 bytes). Loads stay pure so they can be in flight during the MMA step; the realignment happens
 // in word(). Never reads outside [p, p + 4*kWords).
 template <int kWords>
 struct Unaligned2Words {
@@ -147,6 +147,17 @@ struct Unaligned2Words {
     w[kWords] = shift ? uint32_t(__ldg(reinterpret_cast<const unsigned short*>(base + kWords))) : 0u;
   }
   __device__ __forceinline__ uint32_t word(int i) const { return __funnelshift_r(w[i], w[i + 1], shift); }
+};
+
+// kWords aligned 32-bit words (q6_K blocks in the device layout start 4-byte aligned).
+template <int kWords>
+struct AlignedWords {
+  uint32_t w[kWords];
+  __device__ __forceinline__ void load(const uint8_t* p) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = __ldg(reinterpret_cast<const uint32_t*>(p) + i);
+  }
+  __device__ __forceinline__ uint32_t word(int i) const { return w[i]; }
 };
 
 // A thread decodes part `part` of kParts equal parts of a row's 64-K step: elements
@@ -267,18 +278,18 @@ struct WeightChunk<GgmlType::Q5_K, kParts> {  // as q4_K plus qh[32]: bit j of q
 };
 
 template <int kParts>
-struct WeightChunk<GgmlType::Q6_K, kParts> {  // ql[128] | qh[64] | int8 scales[16] | d; halves of 128
+struct WeightChunk<GgmlType::Q6_K, kParts> {  // ql[128] | qh[64] | int8 scales[16] | d | 2 bytes; halves of 128
   using Part = PartShape<kParts>;
   // This step's 64 elements are two 32-element groups (hi = 0, 1: ql bytes +32, qh bits +2).
-  Unaligned2Words<Part::kElements / 4> ql;   // the part's ql bytes of ql[64h .. 64h+64)
-  Unaligned2Words<Part::kHalfBytes / 4> qh;  // the part's qh bytes of qh[32h .. 32h+32)
-  Unaligned2Words<1> sc;    // scales[8h + 4*p2 .. +4): the four 16-element scales of this step
+  AlignedWords<Part::kElements / 4> ql;   // the part's ql bytes of ql[64h .. 64h+64)
+  AlignedWords<Part::kHalfBytes / 4> qh;  // the part's qh bytes of qh[32h .. 32h+32)
+  AlignedWords<1> sc;    // scales[8h + 4*p2 .. +4): the four 16-element scales of this step
   uint32_t d_bits;
   int p2;  // which 64 of the half: groups 2*p2, 2*p2+1 of it
   int part;
   __device__ __forceinline__ void load(const uint8_t* row, int k0, int part_) {
     part = part_;
-    const uint8_t* blk = row + (k0 / QK_K) * sizeof(BlockQ6_K);
+    const uint8_t* blk = row + (k0 / QK_K) * kQ6KDeviceBlockBytes;
     const int half = (k0 % QK_K) / 128;
     p2 = (k0 % 128) / kBK;
     ql.load(blk + 64 * half + Part::kElements * part);
@@ -1160,7 +1171,7 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
     p.seg[i] = {static_cast<const uint8_t*>(mat.w), mat.y, mat.ldy, mat.bias, n_end};
   }
   p.n_segs = 1 + g.n_stacked;
-  p.w_row_bytes = int64_t(row_bytes(g.w_type, g.k));
+  p.w_row_bytes = device_row_bytes(g.w_type, g.k);
   p.n = int(n_all), p.k = int(g.k), p.m = int(g.m);
   p.x = g.x, p.ldx = g.ldx, p.residual = g.residual;
   p.slice_steps = (steps + plan.k_splits - 1) / plan.k_splits;

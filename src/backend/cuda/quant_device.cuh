@@ -37,6 +37,23 @@ __device__ __forceinline__ uint16_t ld_u16(const uint8_t* p) {
   return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
 
+// Byte `byte` (0..3) of w as a sign-extended int: one prmt (in its default mode a selector nibble
+// with bit 3 set replicates the sign of the byte it names; __byte_perm drops that bit).
+__device__ __forceinline__ int sext_byte(uint32_t w, int byte) {
+  const uint32_t sign = 8u | uint32_t(byte);
+  int v;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(v) : "r"(w), "r"(uint32_t(byte) | sign << 4 | sign << 8 | sign << 12));
+  return v;
+}
+
+// Four q6_K quants minus 32 as int8, one a byte: the low 4 bits from `low` >> lshift, the high 2
+// from `high` >> hshift. Bit 7 of every byte is set before 32 is subtracted, so no byte borrows
+// from its neighbour, and cleared after; one instruction fewer than __vsub4's three.
+__device__ __forceinline__ uint32_t q6k_quants_s8(uint32_t low, uint32_t high, int lshift, int hshift) {
+  const uint32_t biased = ((low >> lshift) & 0x0F0F0F0Fu) | ((((high >> hshift) & 0x03030303u) << 4) | 0x80808080u);
+  return (biased - 0x20202020u) ^ 0x80808080u;
+}
+
 // The q8 plane's quantize of one 32-block (kernels.h: Q8Plane). The 8 blocks of a 256-column
 // group share one scale, so 8 lanes quantize a group together: lanes 8i..8i+7 of the warp hold
 // blocks 8g..8g+7 of one group; a lane whose block lies past the row passes valid = false (it
@@ -197,7 +214,7 @@ struct UnitQK45 {
   }
 };
 
-// q6_K (210-byte blocks: ql[128], qh[64], int8 scales[16], f16 d): unit = (super-block, half n,
+// q6_K (blocks of kQ6KDeviceBlockBytes: ql[128], qh[64], int8 scales[16], f16 d): unit = (super-block, half n,
 // 16-lane range lh): elements n*128 + 32g + 16lh + i for g = 0..3, i = 0..15, i.e. one 16-element
 // half of sub-blocks 4n..4n+3, each with its own scale.
 struct UnitQ6K {
@@ -207,13 +224,17 @@ struct UnitQ6K {
   int n, lh;
   __device__ void load(const DevMat& m, int row, int u) {
     const int nsb = m.cols / 256;
-    const uint8_t* b = m.data + (size_t(row) * nsb + (u >> 2)) * 210;
+    const uint8_t* b = m.data + (size_t(row) * nsb + (u >> 2)) * kQ6KDeviceBlockBytes;
     n = (u >> 1) & 1;
     lh = u & 1;
-    ld_words_a2(b + 64 * n + 16 * lh, A);
-    ld_words_a2(b + 64 * n + 32 + 16 * lh, B);
-    ld_words_a2(b + 128 + 32 * n + 16 * lh, H);
-    ld_words_a2(b + 192 + 8 * n, sc);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      A[k] = ldg_word(b + 64 * n + 16 * lh + 4 * k);
+      B[k] = ldg_word(b + 64 * n + 32 + 16 * lh + 4 * k);
+      H[k] = ldg_word(b + 128 + 32 * n + 16 * lh + 4 * k);
+    }
+    sc[0] = ldg_word(b + 192 + 8 * n);
+    sc[1] = ldg_word(b + 196 + 8 * n);
     d = h2f(ld_u16(b + 208));
   }
   __device__ GroupSums group_sums(const ActRow& act, int u, bool valid) const {
@@ -226,14 +247,11 @@ struct UnitQ6K {
       int s = 0;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const uint32_t lowsrc = (g & 1) ? B[k] : A[k];
-        const uint32_t low = (g < 2) ? (lowsrc & 0x0F0F0F0Fu) : ((lowsrc >> 4) & 0x0F0F0F0Fu);
-        const uint32_t q = low | (((H[k] >> (2 * g)) & 0x03030303u) << 4);
-        s = __dp4a(int(__vsub4(q, 0x20202020u)), act.word(b, 4 * lh + k), s);
+        const uint32_t q = q6k_quants_s8((g & 1) ? B[k] : A[k], H[k], g < 2 ? 0 : 4, 2 * g);
+        s = __dp4a(int(q), act.word(b, 4 * lh + k), s);
       }
       // scale byte 8n + 2g + lh: sc[0] holds bytes 8n..8n+3, sc[1] 8n+4..8n+7
-      const uint32_t word = (g < 2) ? sc[0] : sc[1];
-      r.s += int(int8_t(word >> (8 * (2 * (g & 1) + lh)))) * s;
+      r.s += sext_byte((g < 2) ? sc[0] : sc[1], 2 * (g & 1) + lh) * s;
     }
     return r;
   }

@@ -29,17 +29,22 @@ std::vector<float> to_f32(const Tensor& t) {
   return v;
 }
 
+// `blocks` GGUF blocks of `type` from the mapping, to `dst` in the device layout.
 struct Chunk {
+  GgmlType type;
   const uint8_t* src;
   uint8_t* dst;
-  size_t bytes;
+  int64_t blocks;
+  size_t src_bytes() const { return size_t(blocks) * type_traits(type).type_size; }
+  size_t dst_bytes() const { return size_t(device_row_bytes(type, blocks * type_traits(type).block_size)); }
 };
 
-// mmap -> pinned staging -> device with several threads, each with two staging buffers and a
-// stream: a thread copies a chunk from the mapping (faulting the pages in) while its previous
-// chunk's DMA runs.
+constexpr size_t kChunk = size_t(16) << 20;  // staging bytes: a chunk's device layout fits
+
+// mmap -> pinned staging (in the device layout) -> device with several threads, each with two
+// staging buffers and a stream: a thread copies a chunk from the mapping (faulting the pages in)
+// while its previous chunk's DMA runs.
 void upload_chunks(const std::vector<Chunk>& chunks, int64_t payload, int device) {
-  constexpr size_t kChunk = size_t(16) << 20;
   const int n_threads = int(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1u, 8u));
   std::atomic<size_t> next{0};
   std::atomic<int64_t> done{0};
@@ -61,11 +66,11 @@ void upload_chunks(const std::vector<Chunk>& chunks, int64_t payload, int device
         const size_t i = next.fetch_add(1);
         if (i >= chunks.size() || failed) break;
         check(cudaEventSynchronize(free_again[b]), "cudaEventSynchronize");
-        std::memcpy(staging[b], chunks[i].src, chunks[i].bytes);
-        check(cudaMemcpyAsync(chunks[i].dst, staging[b], chunks[i].bytes, cudaMemcpyHostToDevice, s),
-              "cudaMemcpyAsync (weights)");
+        const Chunk& c = chunks[i];
+        copy_to_device_layout(c.type, c.src, c.blocks, static_cast<uint8_t*>(staging[b]));
+        check(cudaMemcpyAsync(c.dst, staging[b], c.dst_bytes(), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (weights)");
         check(cudaEventRecord(free_again[b], s), "cudaEventRecord");
-        done += int64_t(chunks[i].bytes);
+        done += int64_t(c.src_bytes());
       }
       check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     } catch (const Error& e) {
@@ -97,6 +102,33 @@ void upload_chunks(const std::vector<Chunk>& chunks, int64_t payload, int device
 
 }  // namespace
 
+int64_t device_row_bytes(GgmlType t, int64_t cols) {
+  if (t == GgmlType::Q6_K) return cols / QK_K * kQ6KDeviceBlockBytes;
+  return int64_t(row_bytes(t, cols));
+}
+
+void copy_to_device_layout(GgmlType t, const uint8_t* src, int64_t n_blocks, uint8_t* dst) {
+  const size_t block = type_traits(t).type_size;
+  if (t != GgmlType::Q6_K) {
+    std::memcpy(dst, src, size_t(n_blocks) * block);
+    return;
+  }
+  for (int64_t b = 0; b < n_blocks; ++b, src += block, dst += kQ6KDeviceBlockBytes) {
+    std::memcpy(dst, src, block);
+    std::memset(dst + block, 0, kQ6KDeviceBlockBytes - block);
+  }
+}
+
+std::vector<uint8_t> device_layout(GgmlType t, const std::vector<uint8_t>& gguf_bytes) {
+  const size_t block = type_traits(t).type_size;
+  if (gguf_bytes.size() % block != 0)
+    fail("device_layout: ", gguf_bytes.size(), " bytes are not whole ", type_traits(t).name, " blocks");
+  const int64_t n_blocks = int64_t(gguf_bytes.size() / block);
+  std::vector<uint8_t> out(size_t(device_row_bytes(t, n_blocks * type_traits(t).block_size)));
+  copy_to_device_layout(t, gguf_bytes.data(), n_blocks, out.data());
+  return out;
+}
+
 DeviceWeights::DeviceWeights(const Model& model, const Graph& graph, UploadStats& stats) {
   std::vector<const Tensor*> matrices, vectors;
   auto add = [](std::vector<const Tensor*>& list, const Tensor* t) {
@@ -117,18 +149,22 @@ DeviceWeights::DeviceWeights(const Model& model, const Graph& graph, UploadStats
     if (cols % type_traits(t->type).block_size != 0 || (cols % 8 != 0 && t->rows() > 1))
       fail("tensor ", t->name, ": row length ", cols, " does not suit the CUDA kernels");
     offsets.push_back(total);
-    total += align_up(int64_t(t->nbytes) + 16, 256);  // +16: kernels read one word past a run
+    // +16: kernels read one word past a run
+    total += align_up(t->rows() * device_row_bytes(t->type, cols) + 16, 256);
   }
   arena_ = DeviceArray<uint8_t>(size_t(std::max<int64_t>(total, 256)), "cudaMalloc (weights)");
   stats.bytes = total;
-  constexpr size_t kChunk = size_t(16) << 20;
   std::vector<Chunk> chunks;
   int64_t payload = 0;
   for (size_t i = 0; i < matrices.size(); ++i) {
     const Tensor* t = matrices[i];
+    const TypeTraits& tt = type_traits(t->type);
+    const int64_t n_blocks = int64_t(t->nbytes / tt.type_size);
+    const int64_t per_chunk = int64_t(kChunk) / device_row_bytes(t->type, tt.block_size);
     uint8_t* dst = arena_.get() + offsets[i];
-    for (size_t off = 0; off < t->nbytes; off += kChunk)
-      chunks.push_back({t->data + off, dst + off, std::min(kChunk, size_t(t->nbytes - off))});
+    for (int64_t b = 0; b < n_blocks; b += per_chunk)
+      chunks.push_back({t->type, t->data + b * int64_t(tt.type_size), dst + device_row_bytes(t->type, b * tt.block_size),
+                        std::min(per_chunk, n_blocks - b)});
     payload += int64_t(t->nbytes);
     mats_[t] = DevMat{t->type, int(t->rows()), int(t->shape.empty() ? 1 : t->shape[0]), dst};
   }

@@ -1,6 +1,7 @@
 // The model's weights on one device, uploaded once and shared by everything that runs the model
-// there. Matrices keep their GGUF bytes (the kernels read them as they are); norm weights and
-// biases are converted to f32 from whatever type the file stores them in.
+// there. Matrices go up in the device layout (kernels.h: their GGUF blocks, q6_K's padded to a
+// 4-byte multiple), copied into it on the way through the pinned staging; norm weights and biases
+// are converted to f32 from whatever type the file stores them in.
 #pragma once
 #include <map>
 
