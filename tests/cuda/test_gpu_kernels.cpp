@@ -409,8 +409,9 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
       std::vector<std::unique_ptr<DeviceBuffer<float>>> bias;
       for (int s = 0; s < 3; ++s) {
+        const auto wf = random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s));
         w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-            cuda::device_layout(types[s], quantize_matrix(types[s], random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s)), widths[s], dim))));
+            cuda::device_layout(types[s], quantize_matrix(types[s], wf, widths[s], dim))));
         bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
       }
       const auto x = random_normal(static_cast<size_t>(n) * dim, 1.0f, 90);

@@ -131,8 +131,9 @@ __device__ __forceinline__ uint4 pack8(ElementFn f) {
                     pack_bf16x2(f(6), f(7)));
 }
 
-// kWords 32-bit words starting at a 2-byte aligned address (q8_0 blocks are 34 bytes). Loads stay pure so they can be in flight during the MMA step; the realignment happens
-// in word(). Never reads outside [p, p + 4*kWords).
+// kWords 32-bit words starting at a 2-byte aligned address (q8_0 blocks are 34 bytes). Loads stay
+// pure so they can be in flight during the MMA step; the realignment happens in word(). Never
+// reads outside [p, p + 4*kWords).
 template <int kWords>
 struct Unaligned2Words {
   uint32_t w[kWords + 1];

@@ -108,14 +108,15 @@ int64_t device_row_bytes(GgmlType t, int64_t cols) {
 }
 
 void copy_to_device_layout(GgmlType t, const uint8_t* src, int64_t n_blocks, uint8_t* dst) {
-  const size_t block = type_traits(t).type_size;
-  if (t != GgmlType::Q6_K) {
+  const TypeTraits& tt = type_traits(t);
+  const size_t block = tt.type_size, device_block = size_t(device_row_bytes(t, tt.block_size));
+  if (device_block == block) {
     std::memcpy(dst, src, size_t(n_blocks) * block);
     return;
   }
-  for (int64_t b = 0; b < n_blocks; ++b, src += block, dst += kQ6KDeviceBlockBytes) {
+  for (int64_t b = 0; b < n_blocks; ++b, src += block, dst += device_block) {  // padded blocks
     std::memcpy(dst, src, block);
-    std::memset(dst + block, 0, kQ6KDeviceBlockBytes - block);
+    std::memset(dst + block, 0, device_block - block);
   }
 }
 
