@@ -5,10 +5,11 @@
 // = matvec (launch_matvec: warp-per-row dp4a) or mma (launch_matmul_mma: int8 tensor cores);
 // ffn_gate_up is gate and up in one launch (two segments), as the engine runs them. Counters:
 // GB/s = weight bytes streamed / time, per_forward = launches of that row in one forward.
-// decode/<model>/attention/T<tokens>/d<len>/c<chunks>: the split-K decode attention of every layer
-// of a step (one launch per layer, each layer its own paged K/V, the combine writing the
+// decode/<model>/attention/T<tokens>/d<len>/c<chunks>/<body>: the split-K decode attention of every
+// layer of a step (one launch per layer, each layer its own paged K/V, the combine writing the
 // o-projection's q8 plane as the engine runs it), each token a sequence of len positions, a KV
-// head's q heads over <chunks> blocks; GB/s = K/V bytes / time.
+// head's q heads over <chunks> blocks, body = mma (f16 tensor cores) or simt (CUDA cores,
+// AttnParams::tensor_cores = false); GB/s = K/V bytes / time.
 //   bench_decode --benchmark_filter='^decode/7B/.*/T64/' --benchmark_repetitions=3 \
 //     --benchmark_report_aggregates_only=true
 // Without a CUDA build (or device) it registers nothing.
@@ -85,7 +86,7 @@ void bench_decode(benchmark::State& state, GgmlType type, const std::vector<int6
 // A step's decode attention: `layers` launches over `tokens` sequences of `len` positions each,
 // every layer its own K/V pool of shuffled 64-position blocks (the engine's block size).
 void bench_decode_attention(benchmark::State& state, const synth::Preset& preset, int tokens, int len, int layers,
-                            int head_chunks) {
+                            int head_chunks, bool tensor_cores) {
   const int hd = preset.head_dim, n_kv = preset.n_head_kv, n_head = preset.n_head, block_size = 64;
   int sms = 0;
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "sm count");
@@ -131,6 +132,7 @@ void bench_decode_attention(benchmark::State& state, const synth::Preset& preset
     p.part = static_cast<float*>(part.ptr);
     p.sm_count = sms;
     p.head_chunks = head_chunks;
+    p.tensor_cores = tensor_cores;
     if ((n_head * hd) % 256 == 0) p.q8 = cuda::q8_plane(static_cast<uint8_t*>(q8.ptr), tokens, n_head * hd), p.q8_rows = tokens;
   }
   bench::time_with_events(state, [&] {
@@ -171,14 +173,16 @@ int register_all() {
     const synth::Preset& preset = synth::find_preset(preset_name);
     for (int tokens : {1, 8, 32, 64})
       for (int len : {64, 134, 1024, 16384})
-        for (int head_chunks : {1, 2, 4}) {
-          if (int64_t(tokens) * len > 64 * 1024) continue;  // the pools of every layer stay a few GB
-          const std::string name = std::string("decode/") + label + "/attention/T" + std::to_string(tokens) + "/d" +
-                                   std::to_string(len) + "/c" + std::to_string(head_chunks);
-          benchmark::RegisterBenchmark(name.c_str(), [=, &preset](benchmark::State& s) {
-            bench_decode_attention(s, preset, tokens, len, preset.n_layer, head_chunks);
-          })->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
-        }
+        for (int head_chunks : {1, 2, 4})
+          for (bool tensor_cores : {true, false}) {
+            if (int64_t(tokens) * len > 64 * 1024) continue;  // the pools of every layer stay a few GB
+            const std::string name = std::string("decode/") + label + "/attention/T" + std::to_string(tokens) + "/d" +
+                                     std::to_string(len) + "/c" + std::to_string(head_chunks) +
+                                     (tensor_cores ? "/mma" : "/simt");
+            benchmark::RegisterBenchmark(name.c_str(), [=, &preset](benchmark::State& s) {
+              bench_decode_attention(s, preset, tokens, len, preset.n_layer, head_chunks, tensor_cores);
+            })->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
+          }
   }
   return 0;
 }

@@ -651,71 +651,77 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
     DeviceBuffer<uint16_t> dk(kh), dv(vh);
     DeviceBuffer<int32_t> dpos(positions), dtables(tables), doffsets(offsets);
     DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits)));
-    // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
-    // many slices, 100000 one block a slice; the bits must not change.
-    auto attend = [&](int sm_count, DevicePlane* q8 = nullptr, int head_chunks = 1) {
-      DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
-      cuda::AttnParams p;
-      p.q = dq.get();
-      p.out = out.get();
-      p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
-      p.n_head = c.n_head;
-      p.n_tokens = n_tokens;
-      p.positions = dpos.get();
-      p.tables = dtables.get();
-      p.table_offsets = doffsets.get();
-      p.block_size = c.block_size;
-      p.n_splits = c.splits;
-      p.part = part.get();
-      p.sm_count = sm_count;
-      p.head_chunks = head_chunks;
-      if (q8) p.q8 = q8->plane, p.q8_rows = n_tokens;
-      cuda::launch_attention(p, nullptr);
-      return out.download();
-    };
-    const auto o = attend(100000);
-    for (const int sm_count : {1, 3, 132}) {
-      const auto other = attend(sm_count);
-      ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "sm_count " << sm_count << " head_dim " << c.hd;
-    }
-    // nor on how a KV head's q heads are spread over blocks (down to one a block)
-    for (const int head_chunks : {2, 3, c.n_head / c.n_kv}) {
-      const auto other = attend(132, nullptr, head_chunks);
-      ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "head chunks " << head_chunks << " head_dim " << c.hd;
-    }
-    const int width = c.n_head * c.hd;
-    if (width % 256 == 0) {  // the o-projection's q8 plane from the combine: the standalone quantize's bits
-      DevicePlane fused(n_tokens, width), plain(n_tokens, width);
-      const auto with_plane = attend(132, &fused);
-      ASSERT_EQ(std::memcmp(with_plane.data(), o.data(), o.size() * 4), 0) << "head_dim " << c.hd;
-      DeviceBuffer<float> dout(o);
-      cuda::launch_quantize_q8(dout.get(), width, plain.plane, n_tokens, width, nullptr);
-      ASSERT_TRUE(same_pad40(fused.to_pad40(), plain.to_pad40())) << "head_dim " << c.hd << " heads " << c.n_head;
-    }
-    const int G = c.n_head / c.n_kv;
-    for (int tk = 0; tk < n_tokens; ++tk) {
-      const int len = c.lens[size_t(tk)];
-      auto slot = [&](int pos) {
-        return size_t(tables[size_t(offsets[size_t(tk)] + pos / c.block_size)]) * c.block_size + size_t(pos % c.block_size);
+    // Both bodies (the f16 tensor cores, and CUDA cores; head_dim 256 runs CUDA cores either way)
+    // against the same reference and the same invariances.
+    for (const bool tensor_cores : {true, false}) {
+      // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
+      // many slices, 100000 one block a slice; the bits must not change.
+      auto attend = [&](int sm_count, DevicePlane* q8 = nullptr, int head_chunks = 1) {
+        DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
+        cuda::AttnParams p;
+        p.q = dq.get();
+        p.out = out.get();
+        p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
+        p.n_head = c.n_head;
+        p.n_tokens = n_tokens;
+        p.positions = dpos.get();
+        p.tables = dtables.get();
+        p.table_offsets = doffsets.get();
+        p.block_size = c.block_size;
+        p.n_splits = c.splits;
+        p.part = part.get();
+        p.sm_count = sm_count;
+        p.head_chunks = head_chunks;
+        p.tensor_cores = tensor_cores;
+        if (q8) p.q8 = q8->plane, p.q8_rows = n_tokens;
+        cuda::launch_attention(p, nullptr);
+        return out.download();
       };
-      for (int h = 0; h < c.n_head; ++h) {
-        const int g = h / G;
-        std::vector<double> s(static_cast<size_t>(len));
-        double mx = -1e300;
-        for (int t = 0; t < len; ++t) {
-          double d = 0;
-          for (int i = 0; i < c.hd; ++i)
-            d += double(q[size_t((tk * c.n_head + h) * c.hd + i)]) * f16_to_f32(kh[slot(t) * kvw + size_t(g * c.hd + i)]);
-          s[size_t(t)] = d / std::sqrt(double(c.hd));
-          mx = std::max(mx, s[size_t(t)]);
-        }
-        double den = 0;
-        for (auto& e : s) den += (e = std::exp(e - mx));
-        for (int i = 0; i < c.hd; ++i) {
-          double num = 0;
-          for (int t = 0; t < len; ++t) num += s[size_t(t)] * f16_to_f32(vh[slot(t) * kvw + size_t(g * c.hd + i)]);
-          ASSERT_NEAR(o[size_t((tk * c.n_head + h) * c.hd + i)], num / den, 1e-4)
-              << "token " << tk << " head " << h << " dim " << i << " len " << len;
+      const auto o = attend(100000);
+      for (const int sm_count : {1, 3, 132}) {
+        const auto other = attend(sm_count);
+        ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "sm_count " << sm_count << " head_dim " << c.hd
+                                                                       << " tensor cores " << tensor_cores;
+      }
+      // nor on how a KV head's q heads are spread over blocks (down to one a block)
+      for (const int head_chunks : {2, 3, c.n_head / c.n_kv}) {
+        const auto other = attend(132, nullptr, head_chunks);
+        ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "head chunks " << head_chunks << " head_dim " << c.hd;
+      }
+      const int width = c.n_head * c.hd;
+      if (width % 256 == 0) {  // the o-projection's q8 plane from the combine: the standalone quantize's bits
+        DevicePlane fused(n_tokens, width), plain(n_tokens, width);
+        const auto with_plane = attend(132, &fused);
+        ASSERT_EQ(std::memcmp(with_plane.data(), o.data(), o.size() * 4), 0) << "head_dim " << c.hd;
+        DeviceBuffer<float> dout(o);
+        cuda::launch_quantize_q8(dout.get(), width, plain.plane, n_tokens, width, nullptr);
+        ASSERT_TRUE(same_pad40(fused.to_pad40(), plain.to_pad40())) << "head_dim " << c.hd << " heads " << c.n_head;
+      }
+      const int G = c.n_head / c.n_kv;
+      for (int tk = 0; tk < n_tokens; ++tk) {
+        const int len = c.lens[size_t(tk)];
+        auto slot = [&](int pos) {
+          return size_t(tables[size_t(offsets[size_t(tk)] + pos / c.block_size)]) * c.block_size + size_t(pos % c.block_size);
+        };
+        for (int h = 0; h < c.n_head; ++h) {
+          const int g = h / G;
+          std::vector<double> s(static_cast<size_t>(len));
+          double mx = -1e300;
+          for (int t = 0; t < len; ++t) {
+            double d = 0;
+            for (int i = 0; i < c.hd; ++i)
+              d += double(q[size_t((tk * c.n_head + h) * c.hd + i)]) * f16_to_f32(kh[slot(t) * kvw + size_t(g * c.hd + i)]);
+            s[size_t(t)] = d / std::sqrt(double(c.hd));
+            mx = std::max(mx, s[size_t(t)]);
+          }
+          double den = 0;
+          for (auto& e : s) den += (e = std::exp(e - mx));
+          for (int i = 0; i < c.hd; ++i) {
+            double num = 0;
+            for (int t = 0; t < len; ++t) num += s[size_t(t)] * f16_to_f32(vh[slot(t) * kvw + size_t(g * c.hd + i)]);
+            ASSERT_NEAR(o[size_t((tk * c.n_head + h) * c.hd + i)], num / den, 1e-4)
+                << "token " << tk << " head " << h << " dim " << i << " len " << len << " tensor cores " << tensor_cores;
+          }
         }
       }
     }

@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/weights.h"
+#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer {
@@ -79,6 +80,9 @@ struct CudaBackend::Impl {
 
   // sized by reserve()
   int n_blocks = 0, block_size = 0, max_tokens = 0, max_outputs = 0, decode_splits = 1;
+  // The decode attention on the f16 tensor cores (AttnParams::tensor_cores); MINFER_NO_MMA_ATTENTION
+  // runs the CUDA-core body (other roundings, so not a Fusions switch).
+  const bool attention_tensor_cores = !env_flag("MINFER_NO_MMA_ATTENTION");
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
   DeviceArray<uint8_t> q8;     // the q8 activation plane's buffer (q8_plane)
@@ -610,6 +614,7 @@ struct CudaBackend::Impl {
     p.block_size = block_size;
     p.n_splits = decode_splits;
     p.head_chunks = geo.attention_head_chunks;
+    p.tensor_cores = attention_tensor_cores;
     p.part = attn_part.get();
     p.sm_count = ctx.sm_count;
     if (l.writes_q8) p.q8 = plane(width(l.out)), p.q8_rows = count;  // decode rows start at row 0

@@ -806,23 +806,26 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
 // grid (n_kv_heads x head chunks, split CTAs, n_tokens), 4 warps. A block owns G q heads of one KV
 // head (all of them up to kAttnMaxHeads; more as chunks of at most that many, the last maybe
 // smaller) and the slices y, y + gridDim.y, ... of its token's positions, so each K/V byte is read
-// once for its heads and a short sequence's empty slices cost no block. Inside a warp, C = HD / 8
-// lanes share a position (lane c holds dims 8c..8c+7: one 16-byte load per K or V row chunk, a
-// row read as one contiguous run), the warp covers 32 / C positions per load and keeps U loads of
-// K and V in flight per lane, the next iteration's (or the block's next slice's first) issued
-// before this one's arithmetic. A score is the xor-butterfly sum over the C lanes (bitwise equal
-// on all of them, so the max and the rescale branch are warp-uniform); scores are kept in the
-// exp2 domain (q is pre-scaled by log2 e). Each warp keeps its own online softmax (m, l, acc); the
-// four warps merge in shared memory and the block writes one partial a slice; attn_combine merges
-// the slices. A head's arithmetic involves no other head, so how heads are grouped into blocks
-// does not change a bit.
+// once for its heads and a short sequence's empty slices cost no block. Warp w takes the body's
+// kPositions positions at start + w kPositions, then every 4 kPositions, keeping its own online
+// softmax (m, l, acc) in the exp2 domain; the next iteration's K/V loads (or the block's next
+// slice's first) are issued before this one's arithmetic. The four warps merge in shared memory and
+// the block writes one partial a slice; attn_combine merges the slices. A head's arithmetic
+// involves no other head, so how heads are grouped into blocks does not change a bit. Two bodies:
+// AttnMma (f16 tensor cores, head_dim 64 and 128) and AttnSimt (CUDA cores, every head_dim; the
+// only one with MINFER_NO_MMA_ATTENTION).
 constexpr int kAttnWarps = 4;
 constexpr int kAttnUnroll = 4;
 constexpr int kAttnMaxHeads = 8;
-// Slices of at least two block iterations (64 positions at head_dim 128): each slice costs a merge
-// of the four warps, a partial and the combine's read of it, which at 32 and 64 sequences of
-// 64–200 positions outweigh the parallelism of one-iteration slices (+1.1 % at x32, +1.8 % at x64,
-// +3.6 / +4.3 % at depth 70; -1 % at one sequence; four iterations: -0.8 % at x32 against two).
+// Block-table entries a split block stages in shared memory (a sequence of up to 1024 KV blocks:
+// 65,536 positions at the engine's 64): a K/V address then needs no global load first, which in
+// a loop that prefetches one iteration ahead put two round trips on every iteration.
+constexpr int kAttnTableCache = 1024;
+// Slices of at least two block iterations of AttnSimt (64 positions at head_dim 128): each slice
+// costs a merge of the four warps, a partial and the combine's read of it, which at 32 and 64
+// sequences of 64–200 positions outweigh the parallelism of one-iteration slices (+1.1 % at x32,
+// +1.8 % at x64, +3.6 / +4.3 % at depth 70; -1 % at one sequence; four iterations: -0.8 % at x32
+// against two).
 constexpr int kAttnMinIterations = 2;
 
 // Positions per split for a sequence of len positions: at most n_splits slices, each at least
@@ -850,54 +853,49 @@ __device__ __forceinline__ void half8_to_float(const uint4& r, float (&f)[8]) {
   }
 }
 
-template <int HD, int G>
-__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
-  await_predecessor();
-  constexpr int C = HD / 8, LP = 32 / C, U = kAttnUnroll, PW = U * LP, NW = kAttnWarps;
-  __shared__ float red_acc[NW][G][HD];
-  __shared__ float red_m[NW][G], red_l[NW][G];
-  const int kvh = blockIdx.x / head_chunks, t = blockIdx.z;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, c = lane % C, grp = lane / C;
-  const int group = p.n_head / p.kv.n_kv_heads;
-  const int first = int(blockIdx.x % head_chunks) * G;  // of the KV head's q heads
-  const int qh0 = kvh * group + first, n_heads = min(G, group - first);  // the block's q heads
-  const int len = p.positions[t] + 1;
-  const int32_t* table = p.tables + p.table_offsets[t];
-  const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
-  const int chunk = attn_split_chunk(len, p.n_splits, HD);
-  const int n_used = attn_splits_used(len, p.n_splits, HD);
-  const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
-  const int qw = p.n_head * HD;
-  const size_t ld_kv = size_t(p.kv.n_kv_heads) * HD * 2;  // bytes between positions
-  const uint8_t* kbase = reinterpret_cast<const uint8_t*>(p.kv.k) + size_t(kvh) * HD * 2 + 16 * c;
-  const uint8_t* vbase = reinterpret_cast<const uint8_t*>(p.kv.v) + size_t(kvh) * HD * 2 + 16 * c;
-  // U positions of each lane from base, of the slice ending at end
-  auto load = [&](int base, int end, uint4 (&kr)[U], uint4 (&vr)[U]) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int pos = base + u * LP + grp;
-      if (pos < end) {
-        const size_t slot = size_t(table[pos >> block_shift]) * p.block_size + (pos & (p.block_size - 1));
-        kr[u] = ld16(kbase + slot * ld_kv);
-        vr[u] = ld16(vbase + slot * ld_kv);
-      } else {
-        kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
-      }
-    }
-  };
+// One KV head's cache of one token's sequence: the address of position pos's row.
+struct AttnKv {
+  const uint8_t* k;  // the KV head's first element of slot 0
+  const uint8_t* v;
+  size_t ld;  // bytes between slots
+  const int32_t* table;
+  int block_shift, block_size;
+  __device__ size_t offset(int pos) const {
+    return (size_t(table[pos >> block_shift]) * block_size + (pos & (block_size - 1))) * ld;
+  }
+};
 
+// The block's per-warp results of a slice, merged by attn_split_kernel.
+template <int HD, int G>
+struct AttnStash {
+  float acc[kAttnWarps][G][HD];
+  float m[kAttnWarps][G], l[kAttnWarps][G];
+};
+
+// CUDA cores: C = HD / 8 lanes share a position (lane c holds dims 8c..8c+7: one 16-byte load per
+// K or V row chunk, a row read as one contiguous run), the warp covers 32 / C positions per load
+// and keeps U loads of K and V in flight per lane. A score is the xor-butterfly sum over the C
+// lanes (bitwise equal on all of them, so the max and the rescale branch are warp-uniform).
+template <int HD, int G>
+struct AttnSimt {
+  static constexpr int kHeadDim = HD, kHeads = G, C = HD / 8, LP = 32 / C, U = kAttnUnroll, kPositions = U * LP;
+  struct Loads {
+    uint4 k[U], v[U];
+  };
+  struct Shared {};
+  int c, grp;
   float q[G][8];
+  float m[G], l[G], acc[G][8];
+  __device__ AttnSimt(const AttnParams& p, Shared&, int t, int qh0, int n_heads, int, int lane)
+      : c(lane % C), grp(lane / C) {
+    const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
+    const float* qt = p.q + size_t(t) * p.n_head * HD;
 #pragma unroll
-  for (int h = 0; h < G; ++h)
+    for (int h = 0; h < G; ++h)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) q[h][j] = p.q[size_t(t) * qw + size_t(qh0 + min(h, n_heads - 1)) * HD + 8 * c + j] * scale;
-  float* part_acc = p.part;
-  float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
-  uint4 kr[U], vr[U];
-  int loaded = -1;  // the slice whose first iteration kr/vr already hold
-  for (int split = blockIdx.y; split < n_used; split += gridDim.y) {  // uniform over the block
-    const int start = split * chunk, end = min(len, start + chunk);
-    float m[G], l[G], acc[G][8];
+      for (int j = 0; j < 8; ++j) q[h][j] = qt[size_t(qh0 + min(h, n_heads - 1)) * HD + 8 * c + j] * scale;
+  }
+  __device__ void reset() {
 #pragma unroll
     for (int h = 0; h < G; ++h) {
       m[h] = -INFINITY;
@@ -905,75 +903,73 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[h][j] = 0.0f;
     }
-    int base = start + warp * PW;
-    if (loaded != split && base < end) load(base, end, kr, vr);
-    for (; base < end; base += NW * PW) {
-      uint4 kn[U], vn[U];
-      if (base + NW * PW < end) {
-        load(base + NW * PW, end, kn, vn);  // prefetch the next iteration
-      } else {  // or the block's next slice's first: its loads fly during this slice's merge
-        const int next = split + gridDim.y, next_start = next * chunk + warp * PW;
-        const int next_end = min(len, next * chunk + chunk);
-        if (next < n_used && next_start < next_end) {
-          load(next_start, next_end, kn, vn);
-          loaded = next;
-        }
-      }
-      float s[U][G];
+  }
+  // the positions base + u LP + grp before end
+  __device__ void load(const AttnKv& kv, int base, int end, Loads& r) const {
 #pragma unroll
-      for (int u = 0; u < U; ++u) {
-        float k[8];
-        half8_to_float(kr[u], k);
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-          float d = 0.0f;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) d = fmaf(q[h][j], k[j], d);
-          s[u][h] = d;
-        }
-      }
-#pragma unroll
-      for (int o = C / 2; o > 0; o >>= 1)
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int h = 0; h < G; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], o);
-#pragma unroll
-      for (int h = 0; h < G; ++h) {
-        float mx = -INFINITY;
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-          if (base + u * LP + grp < end) mx = fmaxf(mx, s[u][h]);
-#pragma unroll
-        for (int o = C; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        if (mx > m[h]) {  // warp-uniform
-          const float corr = exp2f(m[h] - mx);
-          l[h] *= corr;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
-          m[h] = mx;
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const bool valid = base + u * LP + grp < end;
-        float v[8];
-        half8_to_float(vr[u], v);
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-          const float e = valid ? exp2f(s[u][h] - m[h]) : 0.0f;
-          l[h] += e;
-#pragma unroll
-          for (int j = 0; j < 8; ++j) acc[h][j] = fmaf(e, v[j], acc[h][j]);
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        kr[u] = kn[u];
-        vr[u] = vn[u];
+    for (int u = 0; u < U; ++u) {
+      const int pos = base + u * LP + grp;
+      if (pos < end) {
+        const size_t off = kv.offset(pos) + 16 * c;
+        r.k[u] = ld16(kv.k + off);
+        r.v[u] = ld16(kv.v + off);
+      } else {
+        r.k[u] = r.v[u] = make_uint4(0, 0, 0, 0);
       }
     }
-    // merge the position groups of the warp (same m on every lane), then the warps of the block
+  }
+  __device__ void step(const Loads& r, int base, int end) {
+    float s[U][G];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float k[8];
+      half8_to_float(r.k[u], k);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) d = fmaf(q[h][j], k[j], d);
+        s[u][h] = d;
+      }
+    }
+#pragma unroll
+    for (int o = C / 2; o > 0; o >>= 1)
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+#pragma unroll
+        for (int h = 0; h < G; ++h) s[u][h] += __shfl_xor_sync(0xffffffffu, s[u][h], o);
+#pragma unroll
+    for (int h = 0; h < G; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (base + u * LP + grp < end) mx = fmaxf(mx, s[u][h]);
+#pragma unroll
+      for (int o = C; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      if (mx > m[h]) {  // warp-uniform
+        const float corr = exp2f(m[h] - mx);
+        l[h] *= corr;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[h][j] *= corr;
+        m[h] = mx;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const bool valid = base + u * LP + grp < end;
+      float v[8];
+      half8_to_float(r.v[u], v);
+#pragma unroll
+      for (int h = 0; h < G; ++h) {
+        const float e = valid ? exp2f(s[u][h] - m[h]) : 0.0f;
+        l[h] += e;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[h][j] = fmaf(e, v[j], acc[h][j]);
+      }
+    }
+  }
+  // merges the position groups of the warp (same m on every lane) into the warp's stash
+  __device__ void stash(AttnStash<HD, G>& st, int warp, int) {
 #pragma unroll
     for (int o = C; o < 32; o <<= 1)
 #pragma unroll
@@ -986,28 +982,267 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 #pragma unroll
       for (int h = 0; h < G; ++h) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) red_acc[warp][h][8 * c + j] = acc[h][j];
+        for (int j = 0; j < 8; ++j) st.acc[warp][h][8 * c + j] = acc[h][j];
         if (c == 0) {
-          red_m[warp][h] = m[h];
-          red_l[warp][h] = l[h];
+          st.m[warp][h] = m[h];
+          st.l[warp][h] = l[h];
         }
       }
     }
+  }
+};
+
+// D += A B on the f16 tensor cores (f32 accumulation).
+__device__ __forceinline__ void mma_f16_k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The transpose of the 8x8 f16 matrix whose fragment the warp holds (row lane / 4, columns
+// 2 (lane % 4) and + 1).
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+// x as f16 hi + lo (hi = x rounded, lo = the rest rounded): two products with an f16 operand carry
+// x to about 22 bits, as close to the f32 arithmetic of AttnSimt as the tests can tell.
+__device__ __forceinline__ void split_half2(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(x0, x1);
+  const float2 back = __half22float2(h);
+  const __half2 r = __floats2half2_rn(x0 - back.x, x1 - back.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// f16 tensor cores (mma.sync m16n8k16, f32 accumulation), a warp iteration = 16 positions and the
+// block's G <= 8 heads as one n8 column of heads:
+//   scores S^T (16 positions x 8 heads) = K (A: rows = positions gid and gid + 8, the k16 step's
+//     dims; thread tid holds dims [tid HD/4, + HD/4) of both rows, two 32-bit words a step, so the
+//     k index is permuted alike in A and B) x Q^T (B: column gid = head gid), Q split hi + lo;
+//   P^T as B of the output (k = positions, n = heads): S^T's f32 fragment rounded to f16 hi + lo
+//     and transposed by movmatrix (the fragment of positions 0-7, then 8-15);
+//   O^T (dims x heads) += V^T (A: m16 tile mt's row gid = dim gid HD/8 + mt, row gid + 8 = dim
+//     gid HD/8 + HD/16 + mt; thread (gid, tid) loads positions 2tid, 2tid + 1, 2tid + 8, 2tid + 9,
+//     dims [gid HD/8, + HD/8), and pairs two positions' halves of a dim with one prmt) x P^T.
+// Masked positions get score -inf and zero K/V bytes.
+template <int HD, int G>
+struct AttnMma {
+  static_assert(G <= 8, "the block's heads are one n8 column of the mma");
+  static_assert(HD == 64 || HD == 128, "registers: K, V, next K, V and the output for head_dim <= 128");
+  static constexpr int kHeadDim = HD, kHeads = G, kPositions = 16;
+  static constexpr int KW = HD / 32;  // 16-byte K loads of a position (dims [tid HD/4, + HD/4))
+  static constexpr int VW = HD / 64;  // 16-byte V loads of a position (dims [gid HD/8, + HD/8))
+  static constexpr int DS = HD / 16;  // k16 steps of the scores = m16 tiles of the output
+  struct Loads {
+    uint4 k[2][KW];  // positions gid, gid + 8
+    uint4 v[4][VW];  // positions 2tid, 2tid + 1, 2tid + 8, 2tid + 9
+  };
+  // Q^T's B fragments of each k16 step and lane, {hi b0, hi b1, lo b0, lo b1}: the same for every
+  // warp, and in registers they would spill the double-buffered loads (255 registers, 152 bytes).
+  struct Shared {
+    uint4 q[DS][32];
+  };
+  const Shared& sh;
+  int gid, tid;
+  float m[2], l[2];  // heads 2 tid, 2 tid + 1 (l: this lane's positions until stash)
+  float acc[DS][4];  // element e: dim row gid + 8 (e / 2) of tile mt, head 2 tid + e % 2
+  __device__ static uint32_t word(const uint4* w, int i) {
+    const uint4& x = w[i / 4];
+    return i % 4 == 0 ? x.x : i % 4 == 1 ? x.y : i % 4 == 2 ? x.z : x.w;
+  }
+  // REQUIRES: a block barrier between the constructor and the first step (warp 0 writes sh).
+  __device__ AttnMma(const AttnParams& p, Shared& shared, int t, int qh0, int n_heads, int warp, int lane)
+      : sh(shared), gid(lane / 4), tid(lane % 4) {
+    if (warp != 0) return;
+    const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
+    const float* qrow = p.q + size_t(t) * p.n_head * HD + size_t(qh0 + min(gid, n_heads - 1)) * HD + tid * (HD / 4);
+#pragma unroll
+    for (int s = 0; s < DS; ++s) {
+      const float4 x = *reinterpret_cast<const float4*>(qrow + 4 * s);
+      uint4 f;
+      split_half2(x.x * scale, x.y * scale, f.x, f.z);
+      split_half2(x.z * scale, x.w * scale, f.y, f.w);
+      shared.q[s][lane] = f;
+    }
+  }
+  __device__ void reset() {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < DS; ++mt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][e] = 0.0f;
+  }
+  __device__ void load(const AttnKv& kv, int base, int end, Loads& r) const {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int pos = base + gid + 8 * i;
+      const uint8_t* row = pos < end ? kv.k + kv.offset(pos) + tid * (HD / 2) : nullptr;
+#pragma unroll
+      for (int w = 0; w < KW; ++w) r.k[i][w] = row ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int pos = base + 2 * tid + (i & 1) + 8 * (i >> 1);
+      const uint8_t* row = pos < end ? kv.v + kv.offset(pos) + gid * (HD / 4) : nullptr;
+#pragma unroll
+      for (int w = 0; w < VW; ++w) r.v[i][w] = row ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  __device__ void step(const Loads& r, int base, int end) {
+    float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // positions gid (0, 1), gid + 8 (2, 3); heads 2 tid + e % 2
+#pragma unroll
+    for (int ks = 0; ks < DS; ++ks) {
+      const uint32_t a[4] = {word(r.k[0], 2 * ks), word(r.k[1], 2 * ks), word(r.k[0], 2 * ks + 1),
+                             word(r.k[1], 2 * ks + 1)};
+      const uint4 q = sh.q[ks][gid * 4 + tid];
+      mma_f16_k16(s, a, q.x, q.y);
+      mma_f16_k16(s, a, q.z, q.w);
+    }
+    if (base + gid >= end) s[0] = s[1] = -INFINITY;
+    if (base + gid + 8 >= end) s[2] = s[3] = -INFINITY;
+    float p[4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(s[h], s[2 + h]);
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      // position base is valid, so mx is finite; exp2(-inf - finite) = 0 for masked positions and
+      // for the first iteration's m
+      const float mn = fmaxf(m[h], mx), corr = exp2f(m[h] - mn);
+      m[h] = mn;
+      p[h] = exp2f(s[h] - mn);
+      p[2 + h] = exp2f(s[2 + h] - mn);
+      l[h] = l[h] * corr + p[h] + p[2 + h];
+#pragma unroll
+      for (int mt = 0; mt < DS; ++mt) acc[mt][h] *= corr, acc[mt][2 + h] *= corr;
+    }
+    uint32_t hi[2], lo[2];  // P^T: positions 0-7 (b0), 8-15 (b1) of the B fragment
+    split_half2(p[0], p[1], hi[0], lo[0]);
+    split_half2(p[2], p[3], hi[1], lo[1]);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) hi[i] = movmatrix_trans(hi[i]), lo[i] = movmatrix_trans(lo[i]);
+#pragma unroll
+    for (int mt = 0; mt < DS; ++mt) {
+      // the f16 halves (mt & 1) of words mt / 2 (row gid) and HD/32 + mt / 2 (row gid + 8)
+      const uint32_t sel = (mt & 1) ? 0x7632u : 0x5410u;
+      const int w0 = mt / 2, w1 = HD / 32 + mt / 2;
+      const uint32_t a[4] = {__byte_perm(word(r.v[0], w0), word(r.v[1], w0), sel),
+                             __byte_perm(word(r.v[0], w1), word(r.v[1], w1), sel),
+                             __byte_perm(word(r.v[2], w0), word(r.v[3], w0), sel),
+                             __byte_perm(word(r.v[2], w1), word(r.v[3], w1), sel)};
+      mma_f16_k16(acc[mt], a, hi[0], hi[1]);
+      mma_f16_k16(acc[mt], a, lo[0], lo[1]);
+    }
+  }
+  __device__ void stash(AttnStash<HD, G>& st, int warp, int n_heads) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) l[h] += __shfl_xor_sync(0xffffffffu, l[h], o);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int head = 2 * tid + h;
+      if (head >= n_heads) continue;
+#pragma unroll
+      for (int mt = 0; mt < DS; ++mt) {
+        st.acc[warp][head][gid * (HD / 8) + mt] = acc[mt][h];
+        st.acc[warp][head][gid * (HD / 8) + HD / 16 + mt] = acc[mt][2 + h];
+      }
+      if (gid == 0) {
+        st.m[warp][head] = m[h];
+        st.l[warp][head] = l[h];
+      }
+    }
+  }
+};
+
+// REQUIRES: blockDim.x == kAttnWarps * 32; gridDim.x == n_kv_heads * head_chunks; every thread
+// reaches both barriers of a slice (the slice loop is uniform over the block).
+template <typename Body>
+__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
+  await_predecessor();
+  constexpr int HD = Body::kHeadDim, G = Body::kHeads, PW = Body::kPositions, NW = kAttnWarps;
+  __shared__ AttnStash<HD, G> st;
+  __shared__ typename Body::Shared sh;
+  const int kvh = blockIdx.x / head_chunks, t = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int group = p.n_head / p.kv.n_kv_heads;
+  const int first = int(blockIdx.x % head_chunks) * G;  // of the KV head's q heads
+  const int qh0 = kvh * group + first, n_heads = min(G, group - first);  // the block's q heads
+  const int len = p.positions[t] + 1;
+  const int chunk = attn_split_chunk(len, p.n_splits, HD);
+  const int n_used = attn_splits_used(len, p.n_splits, HD);
+  const int block_shift = __ffs(p.block_size) - 1;  // block_size is a power of two
+  const int32_t* table = p.tables + p.table_offsets[t];
+  const size_t head_bytes = size_t(kvh) * HD * 2;
+  AttnKv kv{reinterpret_cast<const uint8_t*>(p.kv.k) + head_bytes,
+            reinterpret_cast<const uint8_t*>(p.kv.v) + head_bytes,
+            size_t(p.kv.n_kv_heads) * HD * 2,
+            table,
+            block_shift,
+            p.block_size};
+  Body body(p, sh, t, qh0, n_heads, warp, lane);
+  typename Body::Loads cur, next;
+  int loaded = -1;  // the slice whose first iteration next holds, moved into cur after the merge
+  // The first slice's first loads (addresses from the table in global memory) fly across the
+  // barrier below, so a block's first K/V round trip overlaps its q and table loads.
+  if (int(blockIdx.y) < n_used) {
+    const int first_start = int(blockIdx.y) * chunk + warp * PW, first_end = min(len, int(blockIdx.y) * chunk + chunk);
+    if (first_start < first_end) {
+      body.load(kv, first_start, first_end, next);
+      loaded = blockIdx.y;
+    }
+  }
+  const int n_entries = (len + p.block_size - 1) >> block_shift;
+  __shared__ int32_t table_cache[kAttnTableCache];
+  if (n_entries <= kAttnTableCache) {
+    for (int i = threadIdx.x; i < n_entries; i += NW * 32) table_cache[i] = table[i];
+    kv.table = table_cache;
+  }
+  __syncthreads();  // sh and the table cache are written
+  float* part_acc = p.part;
+  float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
+  for (int split = blockIdx.y; split < n_used; split += gridDim.y) {  // uniform over the block
+    const int start = split * chunk, end = min(len, start + chunk);
+    body.reset();
+    int base = start + warp * PW;
+    if (loaded == split) cur = next;
+    else if (base < end) body.load(kv, base, end, cur);
+    for (; base < end; base += NW * PW) {
+      const bool more = base + NW * PW < end;
+      if (more) {
+        body.load(kv, base + NW * PW, end, next);  // prefetch the next iteration
+      } else {  // or the block's next slice's first: its loads fly during this slice's merge
+        const int following = split + gridDim.y, next_start = following * chunk + warp * PW;
+        const int next_end = min(len, following * chunk + chunk);
+        if (following < n_used && next_start < next_end) {
+          body.load(kv, next_start, next_end, next);
+          loaded = following;
+        }
+      }
+      body.step(cur, base, end);
+      // A register copy waits for its loads: the next slice's are copied only after the merge.
+      if (more) cur = next;
+    }
+    body.stash(st, warp, n_heads);
     __syncthreads();
     // partial layout: [t][q head][split] x HD acc, then (m, l) pairs in a second array
     for (int i = threadIdx.x; i < n_heads * HD; i += NW * 32) {
       const int h = i / HD, d = i % HD;
       float mx = -INFINITY;
 #pragma unroll
-      for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red_m[w][h]);
+      for (int w = 0; w < NW; ++w) mx = fmaxf(mx, st.m[w][h]);
       float a = 0.0f, sum = 0.0f;
       if (mx > -INFINITY) {
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
-          if (red_l[w][h] == 0.0f) continue;  // a warp that saw no position
-          const float f = exp2f(red_m[w][h] - mx);
-          a += red_acc[w][h][d] * f;
-          sum += red_l[w][h] * f;
+          if (st.l[w][h] == 0.0f) continue;  // a warp that saw no position
+          const float f = exp2f(st.m[w][h] - mx);
+          a += st.acc[w][h][d] * f;
+          sum += st.l[w][h] * f;
         }
       }
       const size_t idx = (size_t(t) * p.n_head + qh0 + h) * p.n_splits + split;
@@ -1017,7 +1252,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
         part_ml[2 * idx + 1] = sum;
       }
     }
-    __syncthreads();  // red_* are read before the next slice writes them
+    __syncthreads();  // the stash is read before the next slice writes it
   }
 }
 
@@ -1084,16 +1319,23 @@ int attention_slices(int len, int n_splits, int head_dim) { return attn_splits_u
 // The split launch: gridDim.y = the most split CTAs a (KV head, token, head chunk) that fit in one
 // wave (the blocks an SM holds at this kernel's registers, times the SMs), at least one, at most
 // one a slice.
-template <int HD, int G>
-static void launch_attention_split(const AttnParams& p, int head_chunks, const KernelStream& s) {
+template <typename Body>
+static void launch_attention_body(const AttnParams& p, int head_chunks, const KernelStream& s) {
   int resident = 0;
   const cudaError_t e =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, attn_split_kernel<HD, G>, kAttnWarps * 32, 0);
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, attn_split_kernel<Body>, kAttnWarps * 32, 0);
   if (e != cudaSuccess) fail("attention: occupancy query: ", cudaGetErrorString(e));
   const int per_split = p.kv.n_kv_heads * p.n_tokens * head_chunks;
   const int split_ctas = std::clamp(std::max(resident, 1) * p.sm_count / per_split, 1, p.n_splits);
   const dim3 grid(p.kv.n_kv_heads * head_chunks, split_ctas, p.n_tokens);
-  launch_kernel("attention", attn_split_kernel<HD, G>, grid, kAttnWarps * 32, 0, s, p, head_chunks);
+  launch_kernel("attention", attn_split_kernel<Body>, grid, kAttnWarps * 32, 0, s, p, head_chunks);
+}
+template <int HD, int G>
+static void launch_attention_split(const AttnParams& p, int head_chunks, const KernelStream& s) {
+  if constexpr (HD <= 128) {
+    if (p.tensor_cores) return launch_attention_body<AttnMma<HD, G>>(p, head_chunks, s);
+  }
+  launch_attention_body<AttnSimt<HD, G>>(p, head_chunks, s);
 }
 
 // One launch: a KV head's q heads in p.head_chunks chunks (at least enough for kAttnMaxHeads heads a

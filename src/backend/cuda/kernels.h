@@ -231,6 +231,10 @@ struct AttnParams {
   // Blocks a KV head's q heads are spread over (at least as many as kAttnMaxHeads asks): launch
   // geometry only, no bit depends on it (a head's arithmetic involves no other head).
   int head_chunks = 1;
+  // The f16 tensor-core body (head_dim 64 and 128; q and the probabilities as f16 hi + lo pairs),
+  // or CUDA cores (false, and always at head_dim 256). The backend clears it with
+  // MINFER_NO_MMA_ATTENTION.
+  bool tensor_cores = true;
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
   // q8_rows > 0: the combine also writes tokens 0..q8_rows-1 of the output to the q8 plane (the
