@@ -817,6 +817,7 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
 constexpr int kAttnWarps = 4;
 constexpr int kAttnUnroll = 4;
 constexpr int kAttnMaxHeads = 8;
+constexpr float kAttnLog2e = 1.4426950408889634f;  // q is pre-scaled by it: scores in the exp2 domain
 // Block-table entries a split block stages in shared memory (a sequence of up to 1024 KV blocks:
 // 65,536 positions at the engine's 64): a K/V address then needs no global load first, which in
 // a loop that prefetches one iteration ahead put two round trips on every iteration.
@@ -888,7 +889,7 @@ struct AttnSimt {
   float m[G], l[G], acc[G][8];
   __device__ AttnSimt(const AttnParams& p, Shared&, int t, int qh0, int n_heads, int, int lane)
       : c(lane % C), grp(lane / C) {
-    const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
+    const float scale = rsqrtf(float(HD)) * kAttnLog2e;
     const float* qt = p.q + size_t(t) * p.n_head * HD;
 #pragma unroll
     for (int h = 0; h < G; ++h)
@@ -1056,7 +1057,7 @@ struct AttnMma {
   __device__ AttnMma(const AttnParams& p, Shared& shared, int t, int qh0, int n_heads, int warp, int lane)
       : sh(shared), gid(lane / 4), tid(lane % 4) {
     if (warp != 0) return;
-    const float scale = rsqrtf(float(HD)) * 1.4426950408889634f;  // scores in the exp2 domain
+    const float scale = rsqrtf(float(HD)) * kAttnLog2e;
     const float* qrow = p.q + size_t(t) * p.n_head * HD + size_t(qh0 + min(gid, n_heads - 1)) * HD + tid * (HD / 4);
 #pragma unroll
     for (int s = 0; s < DS; ++s) {
