@@ -1188,15 +1188,16 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   Body body(p, sh, t, qh0, n_heads, warp, lane);
   typename Body::Loads cur, next;
   int loaded = -1;  // the slice whose first iteration next holds, moved into cur after the merge
+  // Issues the warp's first iteration of slice `split` into next (when it has one there).
+  auto load_slice_start = [&](int split) {
+    const int from = split * chunk + warp * PW, end = min(len, split * chunk + chunk);
+    if (split >= n_used || from >= end) return;
+    body.load(kv, from, end, next);
+    loaded = split;
+  };
   // The first slice's first loads (addresses from the table in global memory) fly across the
   // barrier below, so a block's first K/V round trip overlaps its q and table loads.
-  if (int(blockIdx.y) < n_used) {
-    const int first_start = int(blockIdx.y) * chunk + warp * PW, first_end = min(len, int(blockIdx.y) * chunk + chunk);
-    if (first_start < first_end) {
-      body.load(kv, first_start, first_end, next);
-      loaded = blockIdx.y;
-    }
-  }
+  load_slice_start(blockIdx.y);
   const int n_entries = (len + p.block_size - 1) >> block_shift;
   __shared__ int32_t table_cache[kAttnTableCache];
   if (n_entries <= kAttnTableCache) {
@@ -1217,12 +1218,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
       if (more) {
         body.load(kv, base + NW * PW, end, next);  // prefetch the next iteration
       } else {  // or the block's next slice's first: its loads fly during this slice's merge
-        const int following = split + gridDim.y, next_start = following * chunk + warp * PW;
-        const int next_end = min(len, following * chunk + chunk);
-        if (following < n_used && next_start < next_end) {
-          body.load(kv, next_start, next_end, next);
-          loaded = following;
-        }
+        load_slice_start(split + gridDim.y);
       }
       body.step(cur, base, end);
       // A register copy waits for its loads: the next slice's are copied only after the merge.
