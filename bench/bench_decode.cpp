@@ -2,7 +2,9 @@
 // the Qwen2.5 7B/14B presets at the types llama.cpp's Q4_K_M mix gives them (the table the prefill
 // tests and bench iterate, tests/cuda/model_gemms.h), for the token counts of the decode buckets,
 // on each decode matmul kernel. Names: decode/<model>/<matrix>/<type>/T<tokens>/<kernel>, kernel
-// = matvec (launch_matvec: warp-per-row dp4a) or mma (launch_matmul_mma: int8 tensor cores);
+// = matvec (launch_matvec: warp-per-row dp4a), mma (launch_matmul_mma: int8 tensor cores) or, for
+// q4_K at 33..64 tokens on sm_90, wgmma (launch_matmul_mma given the operand image: f16 warpgroup
+// MMA, its operand build included);
 // ffn_gate_up is gate and up in one launch (two segments), as the engine runs them. Counters:
 // GB/s = weight bytes streamed / time, per_forward = launches of that row in one forward.
 // decode/<model>/attention/T<tokens>/d<len>/c<chunks>/<body>: the split-K decode attention of every
@@ -28,6 +30,7 @@
 #include "../tests/cuda/prefill_test_data.h"
 #include "cuda_bench.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/prefill.h"
 #include "convert/synth.h"
 #include "util/half.h"
 
@@ -57,7 +60,7 @@ struct ActivationPlane {
   }
 };
 
-enum class Kernel { Matvec, Mma };
+enum class Kernel { Matvec, Mma, Wgmma };  // Wgmma: launch_matmul_mma given the warpgroup-MMA operand image
 
 // Times one launch of `rows` (one segment per entry) of `type` x `cols` over `tokens` tokens.
 void bench_decode(benchmark::State& state, GgmlType type, const std::vector<int64_t>& rows, int64_t cols, int tokens,
@@ -73,9 +76,20 @@ void bench_decode(benchmark::State& state, GgmlType type, const std::vector<int6
     segs[i].ld_out = int(rows[i]);
     weight_bytes += double(row_bytes(type, cols)) * double(rows[i]);
   }
+  std::unique_ptr<DeviceMemory> operand;
+  cuda::MatVecExtra extra;
+  if (kernel == Kernel::Wgmma) {
+    operand = std::make_unique<DeviceMemory>(size_t(cuda::wgmma_operand_bytes(int(cols))));
+    extra.wgmma_operand = static_cast<uint8_t*>(operand->ptr);
+    extra.wgmma_operand_bytes = cuda::wgmma_operand_bytes(int(cols));
+    if (!cuda::matmul_wgmma_takes(segs.data(), int(segs.size()), tokens, extra)) {
+      state.SkipWithError("the warpgroup-MMA kernel does not take this launch");
+      return;
+    }
+  }
   const auto launch = [&] {
-    if (kernel == Kernel::Mma)
-      cuda::launch_matmul_mma(segs.data(), int(segs.size()), act.plane, tokens, {}, {});
+    if (kernel != Kernel::Matvec)
+      cuda::launch_matmul_mma(segs.data(), int(segs.size()), act.plane, tokens, extra, {});
     else
       cuda::launch_matvec(segs.data(), int(segs.size()), act.plane, nullptr, int(cols), tokens, {}, {});
   };
@@ -146,7 +160,8 @@ int register_all() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return 0;
   const std::pair<const char*, const char*> models[] = {{"7B", "qwen2.5-7b"}, {"14B", "qwen2.5-14b"}};
-  const std::pair<const char*, Kernel> kernels[] = {{"matvec", Kernel::Matvec}, {"mma", Kernel::Mma}};
+  const std::pair<const char*, Kernel> kernels[] = {{"matvec", Kernel::Matvec}, {"mma", Kernel::Mma}, {"wgmma", Kernel::Wgmma}};
+  const bool has_wgmma = cuda::prefill_gemm_device_has_wgmma();
   for (const auto& [label, preset_name] : models) {
     std::vector<test::PromptGemm> matrices = test::prompt_gemms(synth::find_preset(preset_name));
     // gate and up in one launch, where they share a type (they do in the Q4_K_M mix)
@@ -159,6 +174,7 @@ int register_all() {
     for (const test::PromptGemm& g : matrices)
       for (int tokens : {1, 8, 32, 64})
         for (const auto& [kernel_name, kernel] : kernels) {
+          if (kernel == Kernel::Wgmma && !(has_wgmma && g.type == GgmlType::Q4_K && tokens >= cuda::kWgmmaMinTokens)) continue;
           const std::string name = std::string("decode/") + label + "/" + g.matrix + "/" + type_traits(g.type).name +
                                    "/T" + std::to_string(tokens) + "/" + kernel_name;
           const std::vector<int64_t> rows =

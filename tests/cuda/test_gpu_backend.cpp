@@ -448,6 +448,29 @@ TEST(GpuBackend, GreedyStreamsDoNotDependOnTheBatch) {
   }
 }
 
+// The q4_K decode matmul on warpgroup MMA (33..64 rows) gives the mma.sync kernel's bits in a whole
+// model: 64 sequences' greedy tokens and first logits with it on every q4_K launch that stores
+// (MINFER_DECODE_WGMMA_MIN_WEIGHTS=0; tiny is q4_K throughout, K of 256 and 768: groups in fewer
+// streams than 8) and with MINFER_NO_DECODE_WGMMA, the prompts cut into chunks beside decode rows.
+TEST(GpuBackend, DecodeWgmmaKeepsTheMmaKernelsBits) {
+  MINFER_REQUIRE_GPU();
+  if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  const Synth& s = synth_model("tiny");
+  const auto prompts = test::random_prompts(64, 1, 40, s.model.hp.n_vocab, 22);
+  const auto run = [&](const char* switch_name) {
+    setenv(switch_name, switch_name == std::string("MINFER_NO_DECODE_WGMMA") ? "1" : "0", 1);
+    auto streams = test::greedy_together(s.model, gpu_backend(), prompts, 12, 64, 96);
+    unsetenv(switch_name);
+    return streams;
+  };
+  const auto wgmma = run("MINFER_DECODE_WGMMA_MIN_WEIGHTS"), mma = run("MINFER_NO_DECODE_WGMMA");
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(wgmma[i].tokens, mma[i].tokens) << "prompt " << i;
+    ASSERT_EQ(std::memcmp(wgmma[i].first_logits.data(), mma[i].first_logits.data(), mma[i].first_logits.size() * 4), 0)
+        << "prompt " << i;
+  }
+}
+
 // Tokens drawn on the device (OpenAI's defaults: nothing cut, no penalty) are the host sampler's
 // tokens from the same logits and seed, for 32 sequences at once and one at a time.
 TEST(GpuBackend, DeviceDrawsAreTheHostSamplersTokens) {

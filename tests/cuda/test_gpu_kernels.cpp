@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
 #include <utility>
 
 #include "backend/cuda/kernels.h"
@@ -538,22 +540,82 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     DeviceBuffer<uint8_t> dw(cuda::device_layout(sh.t, wq));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
-    for (bool mma : {false, true})
-      for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 64, 70}) {
+    // The q4_K launches of 33..64 tokens also through the warpgroup-MMA kernel (sm_90).
+    DeviceBuffer<uint8_t> operand(size_t(cuda::wgmma_operand_bytes(sh.cols)));
+    cuda::MatVecExtra wgmma;
+    wgmma.wgmma_operand = operand.get();
+    wgmma.wgmma_operand_bytes = cuda::wgmma_operand_bytes(sh.cols);
+    const bool has_wgmma = sh.t == GgmlType::Q4_K && cuda::prefill_gemm_device_has_wgmma();
+    for (const char* kernel : {"matvec", "mma", "wgmma"})
+      for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
+        const bool wgmma_kernel = std::string(kernel) == "wgmma";
+        if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
         seg.bias = dbias.get();
         seg.residual = dres.get();
         seg.out = dout.get();
         seg.ld_out = sh.rows;
-        if (mma)
+        cuda_ok(cudaMemset(dout.get(), 0xFF, size_t(max_tokens) * sh.rows * 4));
+        if (wgmma_kernel) {
+          ASSERT_TRUE(cuda::matmul_wgmma_takes(&seg, 1, n, wgmma));
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, wgmma, nullptr);
+        } else if (std::string(kernel) == "mma") {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, {}, nullptr);
-        else
+        } else {
           cuda::launch_matvec(&seg, 1, dxq.plane, nullptr, sh.cols, n, {}, nullptr);
+        }
         const auto got = dout.download();
         for (size_t i = 0; i < size_t(n) * sh.rows; ++i)
-          ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << (mma ? " mma" : " matvec")
+          ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << " " << kernel
                                      << " tokens " << n << " output " << i;
+      }
+  }
+}
+
+// The warpgroup-MMA q4_K kernel sums each half group in f32, exact only while every partial sum
+// stays below 2^24: rows whose every quant, scale and min is at its maximum against tokens whose
+// every activation quant is +-127 reach 128 * 945 * 127 (the bound's 92 %). Two matrices in one
+// launch (gate/up), 130 rows each (a partial 128-row tile), bitwise against the canonical order.
+TEST(GpuKernels, WgmmaDecodeMatmulIsExactAtItsIntegerBound) {
+  MINFER_REQUIRE_GPU();
+  if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
+  const int rows = 130, cols = 3584, n = 64;
+  std::vector<std::vector<uint8_t>> wq;
+  for (int m = 0; m < 2; ++m) {
+    wq.push_back(quantize_matrix(GgmlType::Q4_K, random_normal(size_t(rows) * cols, 0.5f, 160 + uint64_t(m)), rows, cols));
+    const size_t blocks = wq.back().size() / 144;
+    for (size_t b = 0; b < blocks; ++b)
+      if ((b / (cols / 256)) % 3 != 1) std::memset(wq.back().data() + b * 144 + 4, 0xFF, 140);  // 2 rows in 3 saturated
+  }
+  auto x = random_normal(size_t(n) * cols, 1.0f, 162);
+  for (int t = 0; t < 8; ++t)
+    for (int c = 0; c < cols; ++c) x[size_t(t) * cols + size_t(c)] = t % 2 ? -1.0f : 1.0f;  // quants +-127
+  auto xq = quantize_pad40_cpu(x, n, cols);
+  DevicePlane dxq(xq, n, cols);
+  DeviceBuffer<uint8_t> operand(size_t(cuda::wgmma_operand_bytes(cols)));
+  cuda::MatVecExtra extra;
+  extra.wgmma_operand = operand.get();
+  extra.wgmma_operand_bytes = cuda::wgmma_operand_bytes(cols);
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> dw;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
+  cuda::MatSeg segs[2];
+  for (int m = 0; m < 2; ++m) {
+    dw.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(GgmlType::Q4_K, wq[size_t(m)])));
+    out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(n) * rows));
+    segs[m].w = {GgmlType::Q4_K, rows, cols, dw.back()->get()};
+    segs[m].out = out.back()->get();
+    segs[m].ld_out = rows;
+  }
+  ASSERT_TRUE(cuda::matmul_wgmma_takes(segs, 2, n, extra));
+  cuda::launch_matmul_mma(segs, 2, dxq.plane, n, extra, nullptr);
+  for (int m = 0; m < 2; ++m) {
+    const auto got = out[size_t(m)]->download();
+    for (int t = 0; t < n; ++t)
+      for (int r = 0; r < rows; ++r) {
+        const float want = canonical_dot(GgmlType::Q4_K, wq[size_t(m)].data() + row_bytes(GgmlType::Q4_K, cols) * size_t(r),
+                                         pad40_row(xq, t, cols), cols);
+        ASSERT_EQ(got[size_t(t) * rows + size_t(r)], want) << "matrix " << m << " token " << t << " row " << r;
       }
   }
 }

@@ -30,6 +30,15 @@ int mma_min_rows() {
 
 namespace {
 
+// The wgmma decode matmul first builds its operand image in a launch of its own (≈ 4 µs); on a
+// 3584 x 3584 matrix at 64 tokens the kernel alone saves ≈ 2 µs (16.0 against 18.3), so only
+// launches of at least this many weights take it (7B: gate/up, and ffn_down where it is q4_K).
+// MINFER_DECODE_WGMMA_MIN_WEIGHTS overrides it (the tests run the kernel on small models).
+int64_t decode_wgmma_min_weights() {
+  const char* v = std::getenv("MINFER_DECODE_WGMMA_MIN_WEIGHTS");
+  return v && *v ? std::max<int64_t>(0, std::atoll(v)) : int64_t(32) << 20;
+}
+
 // The prompt GEMM's K split is planned for this many tokens whatever a launch holds (batch
 // invariance); 512 is the default step size, where the split was tuned (docs/08).
 constexpr int kGemmPlanTokens = 512;
@@ -83,6 +92,11 @@ struct CudaBackend::Impl {
   // The decode attention on the f16 tensor cores (AttnParams::tensor_cores); MINFER_NO_MMA_ATTENTION
   // runs the CUDA-core body (other roundings, so not a Fusions switch).
   const bool attention_tensor_cores = !env_flag("MINFER_NO_MMA_ATTENTION");
+  // The q4_K decode matmul on warpgroup MMA for 33..64 rows (same bits as the mma.sync kernel):
+  // on an sm_90 device unless MINFER_NO_DECODE_WGMMA is set; its operand image (one per launch).
+  const bool decode_wgmma = prefill_gemm_device_has_wgmma() && !env_flag("MINFER_NO_DECODE_WGMMA");
+  const int64_t wgmma_min_weights = decode_wgmma_min_weights();
+  DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
   DeviceArray<uint8_t> q8;     // the q8 activation plane's buffer (q8_plane)
@@ -202,7 +216,7 @@ struct CudaBackend::Impl {
     floats += attention_workspace_floats(output_capacity(tokens, outputs), hp.n_head, hp.head_dim, splits_for_decode());
     const int64_t planes = input_width();
     return floats * 4 + q8_plane_bytes(tokens, int(planes)) + 2 * (int64_t(tokens) * planes * 2) +
-           gemm_workspace_needed(tokens) + int64_t(tokens) * 64;
+           gemm_workspace_needed(tokens) + int64_t(tokens) * 64 + (decode_wgmma ? wgmma_operand_bytes(int(planes)) : 0);
   }
 
   void reserve(int n_blocks_, int block_size_, int max_tokens_, int max_outputs_) {
@@ -232,6 +246,7 @@ struct CudaBackend::Impl {
     attn_part = DeviceArray<float>(size_t(
         attention_workspace_floats(output_capacity(max_tokens, max_outputs), hp.n_head, hp.head_dim, decode_splits)));
     gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
+    if (decode_wgmma) wgmma_operand = DeviceArray<uint8_t>(size_t(wgmma_operand_bytes(int(planes))));
     d_rows = DeviceArray<int32_t>(6 * size_t(max_tokens));
     argmax_candidates = DeviceArray<ArgmaxCandidate>(size_t(max_tokens) * kArgmaxSlices);
     d_chunks = DeviceArray<int32_t>(4 * size_t(max_tokens) + 2 * 2 * size_t(max_tokens));
@@ -639,6 +654,12 @@ struct CudaBackend::Impl {
     extra.slots = d_slots();
     extra.kv = kv_layer(graph.nodes[size_t(l.node)].layer >= 0 ? graph.nodes[size_t(l.node)].layer : 0);
     const int64_t w_in = width(l.in);
+    int64_t weights_in_launch = 0;
+    for (int i = 0; i < l.n_segs; ++i) weights_in_launch += int64_t(segs[i].w.rows) * segs[i].w.cols;
+    if (decode_wgmma && weights_in_launch >= wgmma_min_weights) {
+      extra.wgmma_operand = wgmma_operand.get();
+      extra.wgmma_operand_bytes = int64_t(wgmma_operand.size());
+    }
     if (use_mma(l, count))
       launch_matmul_mma(segs, l.n_segs, plane(w_in), count, extra, s);
     else

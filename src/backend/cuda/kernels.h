@@ -195,6 +195,10 @@ struct MatVecExtra {
   const int32_t* positions = nullptr;  // [n_tokens]
   const int32_t* slots = nullptr;      // [n_tokens]: KV cache rows for RopeK / StoreV
   KvLayer kv;
+  // The operand image of the q4_K decode matmul on warpgroup MMA (matmul_wgmma.cu), written by each
+  // launch that takes it; null: launch_matmul_mma never takes that kernel.
+  uint8_t* wgmma_operand = nullptr;
+  int64_t wgmma_operand_bytes = 0;
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",
@@ -212,6 +216,16 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
 // REQUIRES act_q8.token0 % 32 == 0 (its fragments are the plane's tiles).
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                        const KernelStream& s);
+// The q4_K decode matmul on warpgroup MMA (sm_90a) for kWgmmaMinTokens..64 tokens: the canonical
+// order's bits from f16 tensor-core products of exact integers (matmul_wgmma.cu). launch_matmul_mma
+// takes it for the q4_K segments of a launch when matmul_wgmma_takes says so: extra.wgmma_operand
+// holds wgmma_operand_bytes(cols), every segment stores (bias and residual allowed, no rope or KV
+// write) and all have the same cols. The caller sets wgmma_operand only on an sm_90 device.
+constexpr int kWgmmaMinTokens = 33;
+int64_t wgmma_operand_bytes(int width);
+bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                         const KernelStream& s);
 
 // ---- decode attention over the paged cache ------------------------------------------------------
 struct AttnParams {

@@ -1,0 +1,514 @@
+// The q4_K decode matmul for 33..64 tokens on warpgroup MMA (sm_90a), with the canonical order's
+// bits (quant/canonical_dot.h): a group's S = sum_j sc_j * isum_j is an exact integer however it
+// is summed, so the f16 tensor cores may form it.
+//
+// Operands. A = the weights as q * sc, exact f16 integers (q <= 15, sc <= 63: <= 945), built in
+// registers by one LOP3 and one HFMA2 a pair: a nibble under the f16 exponent of 1024 is 1024 + q
+// (low nibble) or 1024 + 16 q (high nibble, no shift), and fma(x, sc, -1024 sc) or
+// fma(x, sc / 16, -64 sc) leaves q * sc exactly. B = the plane's int8 quants as f16 in the image
+// `wgmma_operand` holds (built per launch by build_operand_kernel, one group a bulk copy). The
+// f32 accumulator is exact while every partial sum stays below 2^24: 128 columns give at most
+// 128 * 945 * 127 < 2^24, so each half group has its own accumulator and float(S) is
+// RN(S_0 + S_1), one f32 add (the int-to-float rounding of the canonical order). M = sum_j m_j
+// asum_j comes from one mma.sync a token fragment on the digits asum = 64 h + l, A = (64 m_j, m_j).
+// Then the term da * fma(d, S, -(dmin * M)) joins its stream as in every decode matmul.
+//
+// k order. A wgmma k16 step gives thread tig of a row the columns it holds at k = 2 tig, 2 tig + 1,
+// 2 tig + 8, 2 tig + 9; the integer sum does not care which columns those are, so they are the
+// nibbles of the thread's own 16-byte chunks of the q4_K block (chunk tig for steps 0..7, tig + 4
+// for 8..15) and the operand image puts each activation where its weight nibble lands
+// (column_of). Each thread then loads three 16-byte words a row and group from shared memory.
+//
+// CTA. Two warpgroups, 64 rows each, all 64 tokens (wgmma m64n64k16; 16 a group, 8 into each
+// half's accumulator). The weights (a 128-row x 144-byte box, TMA) and the group's operand image
+// (35,072 bytes, one bulk copy) go through a ring of stages; the last warp to finish with a stage
+// refills it. Streams are visited in the order the canonical tree meets them (0, 4, 2, 6, 1, 5,
+// 3, 7), so a thread keeps one open stream and its subtree's running value in registers and at
+// most two finished streams in shared memory. Where the row tiles would not fill the card, a
+// cluster of kSplit CTAs takes one tile, each a run of that order (a subtree), and rank q adds a
+// 1/kSplit share of the outputs from all ranks' partials through distributed shared memory in the
+// same balanced tree. The epilogue is the decode matmul's (bias, residual, store).
+#include <cooperative_groups.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/prefill_mma.cuh"
+#include "util/error.h"
+
+namespace minfer::cuda {
+namespace {
+
+using namespace prefill_detail;
+
+constexpr int kTokens = 64, kThreads = 256, kRowsCta = 128;
+constexpr int kQ4KBlockBytes = 144;
+// A group's operand image: the B slabs (4 x 64 tokens x 128 bytes, 128-byte swizzle, the k order
+// of column_of), then the sum digits [token][tig][h pair, l pair] as f16, then da as f32.
+constexpr int kSlabBytes = 8192, kDigitsOffset = 4 * kSlabBytes, kScalesOffset = kDigitsOffset + kTokens * 4 * 8;
+constexpr int kImageBytes = kScalesOffset + kTokens * 4;  // 35,072
+constexpr int kWeightsOffset = kImageBytes, kWeightBytes = kRowsCta * kQ4KBlockBytes;
+constexpr int kStageBytes = (kWeightsOffset + kWeightBytes + 1023) / 1024 * 1024;
+static_assert(kWeightsOffset % 128 == 0 && kImageBytes % 16 == 0, "TMA and bulk-copy destinations");
+static_assert(kStageBytes >= kRowsCta * kTokens * 4, "the cluster's partials reuse stage 0");
+
+// Streams in the order the canonical tree ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)) meets them.
+__constant__ int kStreamOrder[8] = {0, 4, 2, 6, 1, 5, 3, 7};
+
+template <int kSplit>
+struct Shape {
+  static constexpr int kStreams = 8 / kSplit;  // a CTA's run of kStreamOrder
+  static constexpr int kSlots = kStreams == 8 ? 2 : kStreams == 4 ? 1 : 0;
+  static constexpr int kStages = kSlots ? 3 : 4;
+  static constexpr int kSlotOffset = kStages * kStageBytes, kSlotBytes = kThreads * 32 * 4;
+  static constexpr int kSmemBytes = kSlotOffset + kSlots * kSlotBytes + 1024;  // + 1024: the alignment pad
+  static_assert(kSmemBytes <= 232448, "one CTA an SM");
+};
+
+// The column of a 256-column group that k position kappa of wgmma step s stands for.
+__host__ __device__ constexpr int column_of(int s, int kappa) {
+  const int tig = (kappa % 8) / 2, chunk = tig + 4 * (s >> 3), word = (s >> 1) & 3, h = s & 1;
+  const int byte_in_word = kappa < 8 ? (kappa & 1 ? 2 : 0) : (kappa & 1 ? 3 : 1);
+  const int b = 16 * chunk + 4 * word + byte_in_word;
+  return 64 * (b / 32) + 32 * h + b % 32;
+}
+
+struct WeightMaps {
+  CUtensorMap map[kMaxMatSegs];
+};
+struct WgmmaArgs {
+  MatSeg seg[kMaxMatSegs];
+  int first_tile[kMaxMatSegs + 1];
+  int n_segs;
+  int n_tokens, groups;
+  const uint8_t* image;
+};
+
+// ---- the operand image -----------------------------------------------------------------------
+constexpr int kBuildTokens = 8, kBuildThreads = kBuildTokens * 16;
+// REQUIRES: gridDim = (groups, kTokens / kBuildTokens), blockDim.x == kBuildThreads: a thread
+// writes one wgmma step's 16 values of one token. Tokens past n_tokens are zeros.
+__global__ void __launch_bounds__(kBuildThreads) build_operand_kernel(Q8Plane plane, int n_tokens, uint8_t* image) {
+  const int g = blockIdx.x, n = blockIdx.y * kBuildTokens + threadIdx.x / 16, s = threadIdx.x % 16;
+  uint8_t* img = image + size_t(g) * kImageBytes;
+  uint32_t packed[8];
+#pragma unroll
+  for (int kappa = 0; kappa < 16; kappa += 2) {
+    float v[2] = {0.0f, 0.0f};
+    if (n < n_tokens)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = column_of(s, kappa + e);
+        v[e] = float(int8_t(plane.block_quants(n, 8 * g + col / 32)[col % 32]));
+      }
+    const __half2 h = __floats2half2_rn(v[0], v[1]);  // |v| <= 127: exact
+    packed[kappa / 2] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  uint8_t* row = img + (s / 4) * kSlabBytes + n * 128;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int chunk = 2 * (s % 4) + half;
+    *reinterpret_cast<uint4*>(row + (chunk ^ (n & 7)) * 16) =
+        make_uint4(packed[4 * half], packed[4 * half + 1], packed[4 * half + 2], packed[4 * half + 3]);
+  }
+  if (s < 4) {  // the sum digits of blocks 2s, 2s + 1
+    float h[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
+    if (n < n_tokens)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int32_t sum = *plane.sum(n, 8 * g + 2 * s + e);
+        h[e] = float(sum >> 6), l[e] = float(sum & 63);  // sum = 64 h + l; |h| <= 64, exact in f16
+      }
+    const __half2 hh = __floats2half2_rn(h[0], h[1]), ll = __floats2half2_rn(l[0], l[1]);
+    *reinterpret_cast<uint2*>(img + kDigitsOffset + (n * 4 + s) * 8) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&hh), *reinterpret_cast<const uint32_t*>(&ll));
+  } else if (s == 4) {
+    reinterpret_cast<float*>(img + kScalesOffset)[n] = n < n_tokens ? __half2float(__ushort_as_half(*plane.scale(n, g))) : 0.0f;
+  }
+}
+
+// ---- the matmul ------------------------------------------------------------------------------
+// d (64 x 64 f32, the mma.m16n8 layout per warp) = [d +] A (registers) x B (K-major descriptor).
+__device__ __forceinline__ void wgmma_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+      "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+        "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+        "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+        "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+#endif
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ float lds_f32(uint32_t a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ void sts_f32(uint32_t a, float v) { asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v)); }
+// (w & kMask) | magic in one LOP3 (with both constants immediate, ptxas emits two).
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t magic) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(kMask), "r"(magic));
+  return r;
+}
+// The decode matmul's Store epilogue (quant_device.cuh store_pair without its rope and KV cases,
+// whose sin / cos would cost this kernel registers and local memory): + bias, + residual, store.
+__device__ __forceinline__ void store_output(const MatSeg& seg, int t, int r, float v) {
+  if (seg.bias) v = __fadd_rn(v, seg.bias[r]);
+  const size_t o = size_t(t) * seg.ld_out + r;
+  if (seg.residual) v = __fadd_rn(v, seg.residual[o]);
+  seg.out[o] = v;
+}
+__device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
+__device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
+// (x, x) for an f16 bit pattern x: constants without a conversion in the loop.
+__device__ __forceinline__ __half2 splat(uint16_t bits) { return u2h(uint32_t(bits) * 0x10001u); }
+constexpr uint16_t kHalf1024 = 0x6400, kHalfMinus1024 = 0xE400, kHalfMinus64 = 0xD400, kHalf64 = 0x5400, kHalfSixteenth = 0x2C00;
+
+template <int kStreams>
+__device__ __forceinline__ int group_at(int it, int rank, int groups) {
+  for (int i = 0; i < kStreams; ++i) {
+    const int s = kStreamOrder[rank * kStreams + i], n = s < groups ? (groups - s + 7) / 8 : 0;
+    if (it < n) return s + 8 * it;
+    it -= n;
+  }
+  return -1;
+}
+
+// REQUIRES: blockDim.x == kThreads; gridDim = (the segments' 128-row tiles, kSplit) in clusters of
+// (1, kSplit); the segments' weights q4_K with cols = 256 * groups; 1 <= n_tokens <= 64; the image
+// built for this plane and n_tokens; dynamic shared memory Shape<kSplit>::kSmemBytes.
+template <int kSplit>
+__global__ void __launch_bounds__(kThreads, 1)
+    matmul_wgmma_kernel(const __grid_constant__ WeightMaps maps, const __grid_constant__ WgmmaArgs a) {
+  using Sh = Shape<kSplit>;
+  constexpr int kStages = Sh::kStages, kL = Sh::kStreams;
+  extern __shared__ uint8_t raw[];
+  __shared__ __align__(8) uint64_t full[kStages];
+  __shared__ int released[kStages];
+  const uint32_t base0 = shared_address(raw) + pad_to_1024(shared_address(raw));
+  int seg = 0;
+  while (seg + 1 < a.n_segs && int(blockIdx.x) >= a.first_tile[seg + 1]) ++seg;
+  const int row0 = (int(blockIdx.x) - a.first_tile[seg]) * kRowsCta, rank = kSplit > 1 ? int(blockIdx.y) : 0;
+  int n_iter = 0;
+  for (int i = 0; i < kL; ++i) {
+    const int s = kStreamOrder[rank * kL + i];
+    n_iter += s < a.groups ? (a.groups - s + 7) / 8 : 0;
+  }
+  const auto issue = [&](int it) {
+    const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
+    const uint32_t bar = shared_address(&full[st]), dst = base0 + st * kStageBytes;
+    mbarrier_expect_tx(bar, kImageBytes + kWeightBytes);
+    mbarrier_arrive(bar);
+    bulk_copy(dst, a.image + size_t(g) * kImageBytes, kImageBytes, bar);
+    tma_load_2d(dst + kWeightsOffset, &maps.map[seg], g * kQ4KBlockBytes, row0, bar);
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&full[s]), 1), released[s] = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x == 0)
+    for (int it = 0; it < kStages && it < n_iter; ++it) issue(it);
+
+  const int wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, gq = lane >> 2, tig = lane & 3;
+  const int rr0 = wg * 64 + 16 * w + gq;  // the CTA rows of fragment rows g (rr0) and g + 8
+  const uint32_t slot_base = base0 + Sh::kSlotOffset + threadIdx.x * 4;  // slot k, value e: + k * kSlotBytes + e * 1024
+  const uint32_t first_byte = 2 * (tig / 2);  // the thread's first sub-block in a 4-byte scale vector
+  uint32_t magic = 0x64006400u;
+  asm volatile("" : "+r"(magic));  // a register, so the LOP3's immediate can be the mask
+  float open[32], total[32];
+
+  int it = 0;
+#pragma unroll 1
+  for (int i = 0; i < kL; ++i) {
+#pragma unroll
+    for (int e = 0; e < 32; ++e) open[e] = 0.0f;
+#pragma unroll 1
+    for (int g = kStreamOrder[rank * kL + i]; g < a.groups; g += 8, ++it) {
+      const int st = it % kStages;
+      mbarrier_wait(shared_address(&full[st]), (it / kStages) & 1);
+      const uint32_t base = base0 + st * kStageBytes;
+      uint4 head[2], chunk_a[2], chunk_b[2];  // per row: d, dmin, scales; the chunks tig and tig + 4 of qs
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t row = base + kWeightsOffset + (rr0 + 8 * r) * kQ4KBlockBytes;
+        head[r] = lds128(row);
+        chunk_a[r] = lds128(row + 16 + 16 * tig);
+        chunk_b[r] = lds128(row + 16 + 16 * (tig + 4));
+      }
+      // [row][chunk][nibble]: (sc, -1024 sc) for low nibbles, (sc / 16, -64 sc) for high ones.
+      uint32_t mul[2][2][2], add[2][2][2], m_lo[2], m_hi[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t s0 = head[r].y, s1 = head[r].z, s2 = head[r].w;  // scales[0..3], [4..7], [8..11]
+        const uint32_t sc_lo = s0 & 0x3F3F3F3Fu, sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
+        m_lo[r] = s1 & 0x3F3F3F3Fu;
+        m_hi[r] = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const uint32_t b = first_byte + h;
+            const uint32_t x = __byte_perm(c ? sc_hi : sc_lo, 0x64u, b | 0x40u | (b << 8) | 0x4000u);  // 1024 + sc
+            const __half2 sc = __hsub2(u2h(x), splat(kHalf1024));
+            mul[r][c][h] = h2u(h ? __hmul2(sc, splat(kHalfSixteenth)) : sc);
+            add[r][c][h] = h2u(__hmul2(sc, splat(h ? kHalfMinus64 : kHalfMinus1024)));
+          }
+      }
+      const uint64_t desc0 = sw128_descriptor(base);  // REQUIRES base < 256 KB: k offsets add to the address field
+      float acc0[32], acc1[32];
+      uint32_t A[16][4];
+#pragma unroll
+      for (int s = 0; s < 16; ++s) {
+        const int c = s >> 3, word = (s >> 1) & 3, h = s & 1;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const uint4 q = c ? chunk_b[r] : chunk_a[r];
+          const uint32_t W = word == 0 ? q.x : word == 1 ? q.y : word == 2 ? q.z : q.w, W8 = W >> 8;
+          const uint32_t lo = h ? and_or<0x00F000F0u>(W, magic) : and_or<0x000F000Fu>(W, magic);
+          const uint32_t hi = h ? and_or<0x00F000F0u>(W8, magic) : and_or<0x000F000Fu>(W8, magic);
+          A[s][r] = h2u(__hfma2(u2h(lo), u2h(mul[r][c][h]), u2h(add[r][c][h])));
+          A[s][2 + r] = h2u(__hfma2(u2h(hi), u2h(mul[r][c][h]), u2h(add[r][c][h])));
+        }
+        if (s % 8 == 7) {  // a half group: 8 products into its own accumulator
+          wgmma_fence();
+#pragma unroll
+          for (int t = s - 7; t <= s; ++t) {
+            const uint64_t desc = desc0 + uint64_t(((t / 4) * kSlabBytes + (t % 4) * 32) >> 4);
+            if (t < 8)
+              wgmma_f16_rs(acc0, A[t], desc, t != 0);
+            else
+              wgmma_f16_rs(acc1, A[t], desc, t != 8);
+          }
+          wgmma_commit();
+        }
+      }
+      // M's A fragment: k 0..7 = 64 m_k, 8..15 = m_k; the thread's k pair is (2 tig, 2 tig + 1).
+      uint32_t am[4];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const uint32_t b = 2 * (tig & 1);
+        const uint32_t x = __byte_perm(tig < 2 ? m_lo[r] : m_hi[r], 0x64u, b | 0x40u | ((b + 1) << 8) | 0x4000u);
+        const __half2 m = __hsub2(u2h(x), splat(kHalf1024));
+        am[r] = h2u(__hmul2(m, splat(kHalf64)));
+        am[2 + r] = h2u(m);
+      }
+      float d[2], dmin[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float2 f = __half22float2(u2h(head[r].x));
+        d[r] = f.x, dmin[r] = f.y;
+      }
+      wgmma_wait<0>();
+#pragma unroll
+      for (int e = 0; e < 32; ++e) fence_operand(acc0[e]), fence_operand(acc1[e]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint2 digits = lds64(base + kDigitsOffset + ((8 * j + gq) * 4 + tig) * 8);
+        const uint2 da = lds64(base + kScalesOffset + (8 * j + 2 * tig) * 4);
+        float M[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_f16(M, am, digits.x, digits.y);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const float S = __fadd_rn(acc0[4 * j + e], acc1[4 * j + e]);
+          const float f = __fmaf_rn(d[r], S, -__fmul_rn(dmin[r], M[e]));
+          open[4 * j + e] = __fadd_rn(open[4 * j + e], __fmul_rn(__uint_as_float(e & 1 ? da.y : da.x), f));
+        }
+      }
+      __syncwarp();
+      if (lane == 0 && atomicAdd(&released[st], 1) == kThreads / 32 - 1) {  // the stage's last reader refills it
+        released[st] = 0;
+        if (it + kStages < n_iter) {
+          fence_proxy_async_shared();
+          issue(it + kStages);
+        }
+      }
+    }
+    // The stream joins the CTA's subtree at position i of its run: one branch a stream.
+    const uint32_t slot1 = slot_base, slot2 = slot_base + Sh::kSlotBytes;
+    switch (i) {
+      case 0:
+#pragma unroll
+        for (int e = 0; e < 32; ++e) total[e] = open[e];
+        break;
+      case 1:
+#pragma unroll
+        for (int e = 0; e < 32; ++e) total[e] = __fadd_rn(total[e], open[e]);
+        break;
+      case 2:
+      case 4:
+#pragma unroll
+        for (int e = 0; e < 32; ++e) sts_f32(slot1 + e * 1024, open[e]);
+        break;
+      case 3:
+#pragma unroll
+        for (int e = 0; e < 32; ++e) total[e] = __fadd_rn(total[e], __fadd_rn(lds_f32(slot1 + e * 1024), open[e]));
+        break;
+      case 5:
+#pragma unroll
+        for (int e = 0; e < 32; ++e) sts_f32(slot1 + e * 1024, __fadd_rn(lds_f32(slot1 + e * 1024), open[e]));
+        break;
+      case 6:
+#pragma unroll
+        for (int e = 0; e < 32; ++e) sts_f32(slot2 + e * 1024, open[e]);
+        break;
+      default:
+#pragma unroll
+        for (int e = 0; e < 32; ++e)
+          total[e] = __fadd_rn(total[e], __fadd_rn(lds_f32(slot1 + e * 1024), __fadd_rn(lds_f32(slot2 + e * 1024), open[e])));
+    }
+  }
+  const MatSeg& sg = a.seg[seg];
+  if constexpr (kSplit == 1) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int row = row0 + rr0 + 8 * (e >> 1), n = 8 * j + 2 * tig + (e & 1);
+        if (row < sg.w.rows && n < a.n_tokens) store_output(sg, n, row, total[4 * j + e]);
+      }
+  } else {
+    // The partials [token][row] in stage 0 (every copy into it has been waited for), then rank q
+    // adds rows [q * 128 / kSplit, ...) of every rank in the balanced tree.
+    namespace cg = cooperative_groups;
+    cg::cluster_group cluster = cg::this_cluster();
+    float* part = reinterpret_cast<float*>(raw + pad_to_1024(shared_address(raw)));
+    __syncthreads();  // every warp is past its last read of the stages
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[(8 * j + 2 * tig + (e & 1)) * kRowsCta + rr0 + 8 * (e >> 1)] = total[4 * j + e];
+    cluster.sync();
+    constexpr int kShare = kRowsCta / kSplit;
+    const float* parts[kSplit];
+#pragma unroll
+    for (int q = 0; q < kSplit; ++q) parts[q] = cluster.map_shared_rank(part, q);
+    for (int x = threadIdx.x; x < kShare * kTokens; x += kThreads) {
+      const int local = rank * kShare + x % kShare, n = x / kShare, row = row0 + local;
+      if (n >= a.n_tokens || row >= sg.w.rows) continue;
+      float v[kSplit];
+#pragma unroll
+      for (int q = 0; q < kSplit; ++q) v[q] = parts[q][n * kRowsCta + local];
+#pragma unroll
+      for (int width = 1; width < kSplit; width *= 2)
+#pragma unroll
+        for (int q = 0; q + width < kSplit; q += 2 * width) v[q] = __fadd_rn(v[q], v[q + width]);
+      store_output(sg, n, row, v[0]);
+    }
+    cluster.sync();  // no CTA leaves while another reads its shared memory
+  }
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+      fail("decode matmul (wgmma): the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(e),
+           "); set MINFER_NO_DECODE_WGMMA=1");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// A q4_K matrix as a 2-D byte tensor of rows x row bytes, read in boxes of one block x 128 rows.
+CUtensorMap weight_map(const DevMat& m) {
+  CUtensorMap map{};
+  const int64_t row_bytes = int64_t(m.cols / 256) * kQ4KBlockBytes;
+  const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(m.rows)};
+  const cuuint64_t stride[1] = {cuuint64_t(row_bytes)};
+  const cuuint32_t box[2] = {kQ4KBlockBytes, kRowsCta}, element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(m.data), dims,
+                                          stride, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) fail("decode matmul (wgmma): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ", m.cols);
+  return map;
+}
+
+template <int kSplit>
+void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, cudaStream_t stream) {
+  constexpr int smem = Shape<kSplit>::kSmemBytes;
+  reserve_dynamic_shared_memory(matmul_wgmma_kernel<kSplit>, smem, "decode matmul (wgmma)");
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(tiles), kSplit);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = kSplit, cluster.val.clusterDim.z = 1;
+  cfg.attrs = &cluster;
+  cfg.numAttrs = kSplit > 1 ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, matmul_wgmma_kernel<kSplit>, maps, a);
+  if (e != cudaSuccess) fail("decode matmul (wgmma): launch failed: ", cudaGetErrorString(e));
+}
+
+}  // namespace
+
+int64_t wgmma_operand_bytes(int width) { return int64_t(width / 256) * kImageBytes; }
+
+bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  if (!extra.wgmma_operand || n_tokens < kWgmmaMinTokens || n_tokens > kTokens) return false;
+  for (int i = 0; i < n_segs; ++i)
+    if (segs[i].w.type != GgmlType::Q4_K || segs[i].epi != Epilogue::Store || segs[i].w.cols != segs[0].w.cols ||
+        wgmma_operand_bytes(segs[i].w.cols) > extra.wgmma_operand_bytes)
+      return false;
+  return true;
+}
+
+void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                         const KernelStream& s) {
+  if (!matmul_wgmma_takes(segs, n_segs, n_tokens, extra)) fail("decode matmul (wgmma): launch outside its conditions");
+  WeightMaps maps{};
+  WgmmaArgs a{};
+  int tiles = 0;
+  for (int i = 0; i < n_segs; ++i) {
+    maps.map[i] = weight_map(segs[i].w);
+    a.seg[i] = segs[i];
+    a.first_tile[i] = tiles;
+    tiles += (segs[i].w.rows + kRowsCta - 1) / kRowsCta;
+  }
+  a.first_tile[n_segs] = tiles;
+  a.n_segs = n_segs;
+  a.n_tokens = n_tokens;
+  a.groups = segs[0].w.cols / 256;
+  a.image = extra.wgmma_operand;
+  build_operand_kernel<<<dim3(unsigned(a.groups), kTokens / kBuildTokens), kBuildThreads, 0, s.stream>>>(act_q8, n_tokens,
+                                                                                               extra.wgmma_operand);
+  // Split a tile's streams over a cluster where the tiles alone would leave most SMs idle
+  // (7B: gate/up's 296 tiles run whole, the 28 tiles of a 3584-row matrix in clusters of 4).
+  if (tiles >= 100)
+    launch_split<1>(maps, a, tiles, s.stream);
+  else if (tiles >= 50)
+    launch_split<2>(maps, a, tiles, s.stream);
+  else if (tiles >= 25)
+    launch_split<4>(maps, a, tiles, s.stream);
+  else
+    launch_split<8>(maps, a, tiles, s.stream);
+}
+
+}  // namespace minfer::cuda
