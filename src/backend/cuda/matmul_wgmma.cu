@@ -29,8 +29,6 @@
 // 1/kSplit share of the outputs from all ranks' partials through distributed shared memory in the
 // same balanced tree. The epilogue is the decode matmul's (bias, residual, store).
 #include <cooperative_groups.h>
-#include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill_mma.cuh"
@@ -123,7 +121,8 @@ __global__ void __launch_bounds__(kBuildThreads) build_operand_kernel(Q8Plane pl
     *reinterpret_cast<uint2*>(img + kDigitsOffset + (n * 4 + s) * 8) =
         make_uint2(*reinterpret_cast<const uint32_t*>(&hh), *reinterpret_cast<const uint32_t*>(&ll));
   } else if (s == 4) {
-    reinterpret_cast<float*>(img + kScalesOffset)[n] = n < n_tokens ? __half2float(__ushort_as_half(*plane.scale(n, g))) : 0.0f;
+    const float da = n < n_tokens ? __half2float(__ushort_as_half(*plane.scale(n, g))) : 0.0f;
+    reinterpret_cast<float*>(img + kScalesOffset)[n] = da;
   }
 }
 
@@ -163,7 +162,9 @@ __device__ __forceinline__ float lds_f32(uint32_t a) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
   return v;
 }
-__device__ __forceinline__ void sts_f32(uint32_t a, float v) { asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v)); }
+__device__ __forceinline__ void sts_f32(uint32_t a, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v));
+}
 // (w & kMask) | magic in one LOP3 (with both constants immediate, ptxas emits two).
 template <uint32_t kMask>
 __device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t magic) {
@@ -183,7 +184,8 @@ __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<ui
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 // (x, x) for an f16 bit pattern x: constants without a conversion in the loop.
 __device__ __forceinline__ __half2 splat(uint16_t bits) { return u2h(uint32_t(bits) * 0x10001u); }
-constexpr uint16_t kHalf1024 = 0x6400, kHalfMinus1024 = 0xE400, kHalfMinus64 = 0xD400, kHalf64 = 0x5400, kHalfSixteenth = 0x2C00;
+constexpr uint16_t kHalf1024 = 0x6400, kHalfMinus1024 = 0xE400, kHalfMinus64 = 0xD400, kHalf64 = 0x5400,
+                   kHalfSixteenth = 0x2C00;
 
 template <int kStreams>
 __device__ __forceinline__ int group_at(int it, int rank, int groups) {
@@ -377,7 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       default:
 #pragma unroll
         for (int e = 0; e < 32; ++e)
-          total[e] = __fadd_rn(total[e], __fadd_rn(lds_f32(slot1 + e * 1024), __fadd_rn(lds_f32(slot2 + e * 1024), open[e])));
+          total[e] = __fadd_rn(total[e], __fadd_rn(lds_f32(slot1 + e * 1024),
+                                                   __fadd_rn(lds_f32(slot2 + e * 1024), open[e])));
     }
   }
   const MatSeg& sg = a.seg[seg];
@@ -421,19 +424,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
-      fail("decode matmul (wgmma): the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(e),
-           "); set MINFER_NO_DECODE_WGMMA=1");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
 // A q4_K matrix as a 2-D byte tensor of rows x row bytes, read in boxes of one block x 128 rows.
 CUtensorMap weight_map(const DevMat& m) {
   CUtensorMap map{};
@@ -441,11 +431,12 @@ CUtensorMap weight_map(const DevMat& m) {
   const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(m.rows)};
   const cuuint64_t stride[1] = {cuuint64_t(row_bytes)};
   const cuuint32_t box[2] = {kQ4KBlockBytes, kRowsCta}, element_strides[2] = {1, 1};
-  const CUresult r = tensor_map_encoder()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(m.data), dims,
-                                          stride, box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                          CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail("decode matmul (wgmma): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ", m.cols);
+  const auto encode = tensor_map_encoder("decode matmul (wgmma)", "MINFER_NO_DECODE_WGMMA");
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(m.data), dims, stride, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail("decode matmul (wgmma): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ", m.cols);
   return map;
 }
 
@@ -497,8 +488,8 @@ void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, 
   a.n_tokens = n_tokens;
   a.groups = segs[0].w.cols / 256;
   a.image = extra.wgmma_operand;
-  build_operand_kernel<<<dim3(unsigned(a.groups), kTokens / kBuildTokens), kBuildThreads, 0, s.stream>>>(act_q8, n_tokens,
-                                                                                               extra.wgmma_operand);
+  const dim3 build_grid(unsigned(a.groups), kTokens / kBuildTokens);
+  build_operand_kernel<<<build_grid, kBuildThreads, 0, s.stream>>>(act_q8, n_tokens, extra.wgmma_operand);
   // Split a tile's streams over a cluster where the tiles alone would leave most SMs idle
   // (7B: gate/up's 296 tiles run whole, the 28 tiles of a 3584-row matrix in clusters of 4).
   if (tiles >= 100)

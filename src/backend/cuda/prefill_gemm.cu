@@ -895,17 +895,9 @@ void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stre
 }
 
 // The activation plane x (m rows of k bf16, ldx apart) as the 2-D tensor map the warp-specialized
-// producers copy 64 x 256 boxes of (zeros past row m). The encoder comes from the driver through
-// the runtime, so nothing links libcuda.
+// producers copy 64 x 256 boxes of (zeros past row m).
 CUtensorMap activation_tensor_map(const GemmParams& p) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
-    if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
-      fail("prefill GEMM: the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(e), "); set MINFER_NO_GEMM_TMA=1");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
+  const auto encode = tensor_map_encoder("prefill GEMM", "MINFER_NO_GEMM_TMA");
   CUtensorMap map{};
   const cuuint64_t dims[2] = {cuuint64_t(p.k), cuuint64_t(p.m)};
   const cuuint64_t row_stride[1] = {cuuint64_t(p.ldx) * 2};

@@ -1,7 +1,10 @@
-// Tensor-core and async-copy primitives shared by the prefill kernels (internal to prefill_*.cu).
+// Tensor-core and async-copy primitives shared by the Hopper kernels (internal to prefill_*.cu and
+// matmul_wgmma.cu).
 #pragma once
 #include <cstdint>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -9,6 +12,21 @@
 #include "util/error.h"
 
 namespace minfer::cuda::prefill_detail {
+
+// cuTensorMapEncodeTiled, from the driver through the runtime so that nothing links libcuda. A
+// driver without it is an error naming `what` and the opt-out that avoids tensor maps.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* what, const char* opt_out) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    const bool ok = e == cudaSuccess && found == cudaDriverEntryPointSuccess;
+    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
+  }();
+  if (!encode) fail(what, ": the driver has no cuTensorMapEncodeTiled; set ", opt_out, "=1");
+  return encode;
+}
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device, set per call (the
 // attribute is per device, and cheap to set); `what` names the launch in the error.
