@@ -133,9 +133,9 @@ struct GroupQK45 {
     for (int r = 0; r < 2; ++r) {
       const uint8_t* b = m.data + (size_t(R[r]) * nsb + g) * kBytes;
       const uint4 raw = ld16(b);  // y, z, w: the 12 packed scale bytes (k_scale_min)
-      h[r] = make_uint4(raw.x, raw.y & 0x3F3F3F3Fu, raw.z & 0x3F3F3F3Fu,
-                        (raw.w & 0x0F0F0F0Fu) | ((raw.y >> 2) & 0x30303030u));
-      m_hi[r] = ((raw.w >> 4) & 0x0F0F0F0Fu) | ((raw.z >> 2) & 0x30303030u);
+      const KScaleBytes k = unpack_k_scales(raw.y, raw.z, raw.w);
+      h[r] = make_uint4(raw.x, k.sc_lo, k.m_lo, k.sc_hi);
+      m_hi[r] = k.m_hi;
 #pragma unroll
       for (int p = 0; p < 4; ++p) qs[r][p] = __ldg(reinterpret_cast<const uint2*>(b + kQsOffset + 32 * p + 8 * tid));
       if (Q5) qh[r] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 8 * tid));

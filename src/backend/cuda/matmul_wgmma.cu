@@ -32,6 +32,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill_mma.cuh"
+#include "backend/cuda/quant_device.cuh"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -172,13 +173,11 @@ __device__ __forceinline__ uint32_t and_or(uint32_t w, uint32_t magic) {
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(w), "n"(kMask), "r"(magic));
   return r;
 }
-// The decode matmul's Store epilogue (quant_device.cuh store_pair without its rope and KV cases,
-// whose sin / cos would cost this kernel registers and local memory): + bias, + residual, store.
+// The decode matmul's Store epilogue: store_pair's bias and residual and its store, without its
+// rope and KV cases (their sin / cos would cost this kernel registers and local memory).
 __device__ __forceinline__ void store_output(const MatSeg& seg, int t, int r, float v) {
-  if (seg.bias) v = __fadd_rn(v, seg.bias[r]);
   const size_t o = size_t(t) * seg.ld_out + r;
-  if (seg.residual) v = __fadd_rn(v, seg.residual[o]);
-  seg.out[o] = v;
+  seg.out[o] = with_bias_residual(seg, r, o, v);
 }
 __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
@@ -187,10 +186,13 @@ __device__ __forceinline__ __half2 splat(uint16_t bits) { return u2h(uint32_t(bi
 constexpr uint16_t kHalf1024 = 0x6400, kHalfMinus1024 = 0xE400, kHalfMinus64 = 0xD400, kHalf64 = 0x5400,
                    kHalfSixteenth = 0x2C00;
 
+// The groups s, s + 8, ... of stream s.
+__device__ __forceinline__ int stream_length(int s, int groups) { return s < groups ? (groups - s + 7) / 8 : 0; }
+
 template <int kStreams>
 __device__ __forceinline__ int group_at(int it, int rank, int groups) {
   for (int i = 0; i < kStreams; ++i) {
-    const int s = kStreamOrder[rank * kStreams + i], n = s < groups ? (groups - s + 7) / 8 : 0;
+    const int s = kStreamOrder[rank * kStreams + i], n = stream_length(s, groups);
     if (it < n) return s + 8 * it;
     it -= n;
   }
@@ -213,10 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   while (seg + 1 < a.n_segs && int(blockIdx.x) >= a.first_tile[seg + 1]) ++seg;
   const int row0 = (int(blockIdx.x) - a.first_tile[seg]) * kRowsCta, rank = kSplit > 1 ? int(blockIdx.y) : 0;
   int n_iter = 0;
-  for (int i = 0; i < kL; ++i) {
-    const int s = kStreamOrder[rank * kL + i];
-    n_iter += s < a.groups ? (a.groups - s + 7) / 8 : 0;
-  }
+  for (int i = 0; i < kL; ++i) n_iter += stream_length(kStreamOrder[rank * kL + i], a.groups);
   const auto issue = [&](int it) {
     const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
     const uint32_t bar = shared_address(&full[st]), dst = base0 + st * kStageBytes;
@@ -263,16 +262,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       uint32_t mul[2][2][2], add[2][2][2], m_lo[2], m_hi[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        const uint32_t s0 = head[r].y, s1 = head[r].z, s2 = head[r].w;  // scales[0..3], [4..7], [8..11]
-        const uint32_t sc_lo = s0 & 0x3F3F3F3Fu, sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);
-        m_lo[r] = s1 & 0x3F3F3F3Fu;
-        m_hi[r] = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);
+        const KScaleBytes k = unpack_k_scales(head[r].y, head[r].z, head[r].w);
+        m_lo[r] = k.m_lo;
+        m_hi[r] = k.m_hi;
 #pragma unroll
         for (int c = 0; c < 2; ++c)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const uint32_t b = first_byte + h;
-            const uint32_t x = __byte_perm(c ? sc_hi : sc_lo, 0x64u, b | 0x40u | (b << 8) | 0x4000u);  // 1024 + sc
+            const uint32_t x = __byte_perm(c ? k.sc_hi : k.sc_lo, 0x64u, b | 0x40u | (b << 8) | 0x4000u);  // 1024 + sc
             const __half2 sc = __hsub2(u2h(x), splat(kHalf1024));
             mul[r][c][h] = h2u(h ? __hmul2(sc, splat(kHalfSixteenth)) : sc);
             add[r][c][h] = h2u(__hmul2(sc, splat(h ? kHalfMinus64 : kHalfMinus1024)));

@@ -153,6 +153,17 @@ struct ActRow {
   __device__ float block_scale(int b) const { return group_scale(b / 8); }
 };
 
+// The 12 packed 6-bit scales and mins of a q4_K / q5_K block (the words after d and dmin) as four
+// vectors of one byte a sub-block: what k_scale_min reads one at a time, for the tensor-core
+// matmuls that unpack a group's scales at once.
+struct KScaleBytes {
+  uint32_t sc_lo, m_lo, sc_hi, m_hi;  // sc of sub-blocks 0-3, m 0-3, sc 4-7, m 4-7
+};
+__device__ __forceinline__ KScaleBytes unpack_k_scales(uint32_t s0, uint32_t s1, uint32_t s2) {
+  return {s0 & 0x3F3F3F3Fu, s1 & 0x3F3F3F3Fu, (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u),
+          ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u)};
+}
+
 __device__ __forceinline__ void k_scale_min(uint4 h, int j, int& sc, int& m) {
   // h.y = scales bytes 0-3, h.z = bytes 4-7, h.w = bytes 8-11
   if (j < 4) {
@@ -391,17 +402,19 @@ __device__ __forceinline__ size_t kv_index(const KvLayer& kv, int r, int slot) {
 
 // The segment epilogue of one output pair (r0, r1) of token t: bias, residual, then the store
 // (or rope, or KV cache write). v1 is ignored when !has_r1. Shared with the tensor-core kernel.
+// Output r (at out index o = t * ld_out + r) before its store: + bias, then + residual (the
+// canonical order's last steps).
+__device__ __forceinline__ float with_bias_residual(const MatSeg& seg, int r, size_t o, float v) {
+  if (seg.bias) v = __fadd_rn(v, seg.bias[r]);
+  if (seg.residual) v = __fadd_rn(v, seg.residual[o]);
+  return v;
+}
+
 __device__ __forceinline__ void store_pair(const MatSeg& seg, const MatVecExtra& extra, int t, int r0, int r1,
                                            int rope_j, bool has_r1, float v0, float v1) {
-  if (seg.bias) {
-    v0 = __fadd_rn(v0, seg.bias[r0]);
-    if (has_r1) v1 = __fadd_rn(v1, seg.bias[r1]);
-  }
   const size_t o = size_t(t) * seg.ld_out;
-  if (seg.residual) {
-    v0 = __fadd_rn(v0, seg.residual[o + r0]);
-    if (has_r1) v1 = __fadd_rn(v1, seg.residual[o + r1]);
-  }
+  v0 = with_bias_residual(seg, r0, o + r0, v0);
+  if (has_r1) v1 = with_bias_residual(seg, r1, o + r1, v1);
   switch (seg.epi) {
     case Epilogue::Store:
       seg.out[o + r0] = v0;
