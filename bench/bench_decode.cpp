@@ -160,7 +160,8 @@ int register_all() {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) return 0;
   const std::pair<const char*, const char*> models[] = {{"7B", "qwen2.5-7b"}, {"14B", "qwen2.5-14b"}};
-  const std::pair<const char*, Kernel> kernels[] = {{"matvec", Kernel::Matvec}, {"mma", Kernel::Mma}, {"wgmma", Kernel::Wgmma}};
+  const std::pair<const char*, Kernel> kernels[] = {
+      {"matvec", Kernel::Matvec}, {"mma", Kernel::Mma}, {"wgmma", Kernel::Wgmma}};
   const bool has_wgmma = cuda::prefill_gemm_device_has_wgmma();
   for (const auto& [label, preset_name] : models) {
     std::vector<test::PromptGemm> matrices = test::prompt_gemms(synth::find_preset(preset_name));

@@ -457,13 +457,13 @@ TEST(GpuBackend, DecodeWgmmaKeepsTheMmaKernelsBits) {
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
   const Synth& s = synth_model("tiny");
   const auto prompts = test::random_prompts(64, 1, 40, s.model.hp.n_vocab, 22);
-  const auto run = [&](const char* switch_name) {
-    setenv(switch_name, switch_name == std::string("MINFER_NO_DECODE_WGMMA") ? "1" : "0", 1);
+  const auto run = [&](const char* name, const char* value) {
+    setenv(name, value, 1);
     auto streams = test::greedy_together(s.model, gpu_backend(), prompts, 12, 64, 96);
-    unsetenv(switch_name);
+    unsetenv(name);
     return streams;
   };
-  const auto wgmma = run("MINFER_DECODE_WGMMA_MIN_WEIGHTS"), mma = run("MINFER_NO_DECODE_WGMMA");
+  const auto wgmma = run("MINFER_DECODE_WGMMA_MIN_WEIGHTS", "0"), mma = run("MINFER_NO_DECODE_WGMMA", "1");
   for (size_t i = 0; i < prompts.size(); ++i) {
     ASSERT_EQ(wgmma[i].tokens, mma[i].tokens) << "prompt " << i;
     ASSERT_EQ(std::memcmp(wgmma[i].first_logits.data(), mma[i].first_logits.data(), mma[i].first_logits.size() * 4), 0)
