@@ -3,7 +3,7 @@
 // tests and bench iterate, tests/cuda/model_gemms.h), for the token counts of the decode buckets,
 // on each decode matmul kernel. Names: decode/<model>/<matrix>/<type>/T<tokens>/<kernel>, kernel
 // = matvec (launch_matvec: warp-per-row dp4a), mma (launch_matmul_mma: int8 tensor cores) or, for
-// q4_K at 33..64 tokens on sm_90, wgmma (launch_matmul_mma given the operand image: f16 warpgroup
+// q4_K / q6_K at 33..64 tokens on sm_90, wgmma (launch_matmul_mma given the operand image: f16 warpgroup
 // MMA, its operand build included);
 // ffn_gate_up is gate and up in one launch (two segments), as the engine runs them. Counters:
 // GB/s = weight bytes streamed / time, per_forward = launches of that row in one forward.
@@ -175,7 +175,8 @@ int register_all() {
     for (const test::PromptGemm& g : matrices)
       for (int tokens : {1, 8, 32, 64})
         for (const auto& [kernel_name, kernel] : kernels) {
-          if (kernel == Kernel::Wgmma && !(has_wgmma && g.type == GgmlType::Q4_K && tokens >= cuda::kWgmmaMinTokens)) continue;
+          const bool wgmma_type = g.type == GgmlType::Q4_K || g.type == GgmlType::Q6_K;
+          if (kernel == Kernel::Wgmma && !(has_wgmma && wgmma_type && tokens >= cuda::kWgmmaMinTokens)) continue;
           const std::string name = std::string("decode/") + label + "/" + g.matrix + "/" + type_traits(g.type).name +
                                    "/T" + std::to_string(tokens) + "/" + kernel_name;
           const std::vector<int64_t> rows =

@@ -523,7 +523,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
   struct Shape { GgmlType t; int rows, cols; };
   const Shape shapes[] = {{GgmlType::Q4_K, 67, 768},  {GgmlType::Q5_K, 67, 768},   {GgmlType::Q6_K, 67, 768},
                           {GgmlType::Q8_0, 67, 768},  {GgmlType::Q8_0, 45, 544},   {GgmlType::Q4_K, 301, 3584},
-                          {GgmlType::Q6_K, 40, 18944}, {GgmlType::Q4_K, 33, 18944}};
+                          {GgmlType::Q6_K, 40, 18944}, {GgmlType::Q4_K, 33, 18944}, {GgmlType::Q6_K, 132, 3584}};
   for (const Shape& sh : shapes) {
     const int max_tokens = 70;
     const auto wq = quantize_matrix(sh.t, random_normal(size_t(sh.rows) * sh.cols, 0.5f, 150 + uint64_t(sh.cols)), sh.rows, sh.cols);
@@ -540,12 +540,14 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     DeviceBuffer<uint8_t> dw(cuda::device_layout(sh.t, wq));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
-    // The q4_K launches of 33..64 tokens also through the warpgroup-MMA kernel (sm_90).
+    // The q4_K and q6_K (rows in fours) launches of 33..64 tokens also through the warpgroup-MMA
+    // kernel (sm_90).
     DeviceBuffer<uint8_t> operand(size_t(cuda::wgmma_operand_bytes(sh.cols)));
     cuda::MatVecExtra wgmma;
     wgmma.wgmma_operand = operand.get();
     wgmma.wgmma_operand_bytes = cuda::wgmma_operand_bytes(sh.cols);
-    const bool has_wgmma = sh.t == GgmlType::Q4_K && cuda::prefill_gemm_device_has_wgmma();
+    const bool has_wgmma = (sh.t == GgmlType::Q4_K || (sh.t == GgmlType::Q6_K && sh.rows % 4 == 0)) &&
+                           cuda::prefill_gemm_device_has_wgmma();
     for (const char* kernel : {"matvec", "mma", "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
         const bool wgmma_kernel = std::string(kernel) == "wgmma";
@@ -573,21 +575,16 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
   }
 }
 
-// The warpgroup-MMA q4_K kernel sums each half group in f32, exact only while every partial sum
-// stays below 2^24: rows whose every quant, scale and min is at its maximum against tokens whose
-// every activation quant is +-127 reach 128 * 945 * 127 (the bound's 92 %). Two matrices in one
-// launch (gate/up), 130 rows each (a partial 128-row tile), bitwise against the canonical order.
+// The warpgroup-MMA kernel's f32 sums are exact only while every partial sum stays below 2^24.
+// q4_K sums each half group apart: rows whose every quant, scale and min is at its maximum against
+// tokens whose every activation quant is +-127 reach 128 * 945 * 127 (the bound's 92 %). q6_K sums
+// a whole group in each of its two operands: every quant 0 (q - 32 = -32) with every scale 127
+// (lo = 15: 256 * 480 * 127, 93 %) or -128 (hi = -8: 256 * 256 * 127). Two matrices in one launch
+// (gate/up), a partial second 128-row tile, bitwise against the canonical order.
 TEST(GpuKernels, WgmmaDecodeMatmulIsExactAtItsIntegerBound) {
   MINFER_REQUIRE_GPU();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
-  const int rows = 130, cols = 3584, n = 64;
-  std::vector<std::vector<uint8_t>> wq;
-  for (int m = 0; m < 2; ++m) {
-    wq.push_back(quantize_matrix(GgmlType::Q4_K, random_normal(size_t(rows) * cols, 0.5f, 160 + uint64_t(m)), rows, cols));
-    const size_t blocks = wq.back().size() / 144;
-    for (size_t b = 0; b < blocks; ++b)
-      if ((b / (cols / 256)) % 3 != 1) std::memset(wq.back().data() + b * 144 + 4, 0xFF, 140);  // 2 rows in 3 saturated
-  }
+  const int cols = 3584, groups = cols / 256, n = 64;
   auto x = random_normal(size_t(n) * cols, 1.0f, 162);
   for (int t = 0; t < 8; ++t)
     for (int c = 0; c < cols; ++c) x[size_t(t) * cols + size_t(c)] = t % 2 ? -1.0f : 1.0f;  // quants +-127
@@ -597,26 +594,46 @@ TEST(GpuKernels, WgmmaDecodeMatmulIsExactAtItsIntegerBound) {
   cuda::MatVecExtra extra;
   extra.wgmma_operand = operand.get();
   extra.wgmma_operand_bytes = cuda::wgmma_operand_bytes(cols);
-  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> dw;
-  std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
-  cuda::MatSeg segs[2];
-  for (int m = 0; m < 2; ++m) {
-    dw.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(GgmlType::Q4_K, wq[size_t(m)])));
-    out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(n) * rows));
-    segs[m].w = {GgmlType::Q4_K, rows, cols, dw.back()->get()};
-    segs[m].out = out.back()->get();
-    segs[m].ld_out = rows;
-  }
-  ASSERT_TRUE(cuda::matmul_wgmma_takes(segs, 2, n, extra));
-  cuda::launch_matmul_mma(segs, 2, dxq.plane, n, extra, nullptr);
-  for (int m = 0; m < 2; ++m) {
-    const auto got = out[size_t(m)]->download();
-    for (int t = 0; t < n; ++t)
-      for (int r = 0; r < rows; ++r) {
-        const float want = canonical_dot(GgmlType::Q4_K, wq[size_t(m)].data() + row_bytes(GgmlType::Q4_K, cols) * size_t(r),
-                                         pad40_row(xq, t, cols), cols);
-        ASSERT_EQ(got[size_t(t) * rows + size_t(r)], want) << "matrix " << m << " token " << t << " row " << r;
+  for (const GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    const int rows = type == GgmlType::Q4_K ? 130 : 132;
+    const size_t block = type_traits(type).type_size;
+    std::vector<std::vector<uint8_t>> wq;
+    for (int m = 0; m < 2; ++m) {
+      wq.push_back(quantize_matrix(type, random_normal(size_t(rows) * cols, 0.5f, 160 + uint64_t(m)), rows, cols));
+      for (size_t b = 0; b < wq.back().size() / block; ++b) {
+        uint8_t* blk = wq.back().data() + b * block;
+        const int row = int(b / groups);
+        if (row % 3 == 1) continue;  // 2 rows in 3 saturated
+        if (type == GgmlType::Q4_K) {
+          std::memset(blk + 4, 0xFF, 140);
+        } else {
+          std::memset(blk, 0, 192);                           // ql, qh: q = 0
+          std::memset(blk + 192, row % 3 == 0 ? 0x7F : 0x80, 16);  // scales 127 or -128
+        }
       }
+    }
+    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> dw;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
+    cuda::MatSeg segs[2];
+    for (int m = 0; m < 2; ++m) {
+      dw.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(type, wq[size_t(m)])));
+      out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(n) * rows));
+      segs[m].w = {type, rows, cols, dw.back()->get()};
+      segs[m].out = out.back()->get();
+      segs[m].ld_out = rows;
+    }
+    ASSERT_TRUE(cuda::matmul_wgmma_takes(segs, 2, n, extra));
+    cuda::launch_matmul_mma(segs, 2, dxq.plane, n, extra, nullptr);
+    for (int m = 0; m < 2; ++m) {
+      const auto got = out[size_t(m)]->download();
+      for (int t = 0; t < n; ++t)
+        for (int r = 0; r < rows; ++r) {
+          const float want = canonical_dot(type, wq[size_t(m)].data() + row_bytes(type, cols) * size_t(r),
+                                           pad40_row(xq, t, cols), cols);
+          ASSERT_EQ(got[size_t(t) * rows + size_t(r)], want)
+              << type_traits(type).name << " matrix " << m << " token " << t << " row " << r;
+        }
+    }
   }
 }
 

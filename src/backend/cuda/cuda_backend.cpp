@@ -32,7 +32,7 @@ namespace {
 
 // The wgmma decode matmul first builds its operand image in a launch of its own (≈ 4 µs); on a
 // 3584 x 3584 matrix at 64 tokens the kernel alone saves ≈ 2 µs (16.0 against 18.3), so only
-// launches of at least this many weights take it (7B: gate/up, and ffn_down where it is q4_K).
+// launches of at least this many weights take it (7B: gate/up, ffn_down and the output head).
 // MINFER_DECODE_WGMMA_MIN_WEIGHTS overrides it (the tests run the kernel on small models).
 int64_t decode_wgmma_min_weights() {
   const char* v = std::getenv("MINFER_DECODE_WGMMA_MIN_WEIGHTS");
@@ -92,9 +92,11 @@ struct CudaBackend::Impl {
   // The decode attention on the f16 tensor cores (AttnParams::tensor_cores); MINFER_NO_MMA_ATTENTION
   // runs the CUDA-core body (other roundings, so not a Fusions switch).
   const bool attention_tensor_cores = !env_flag("MINFER_NO_MMA_ATTENTION");
-  // The q4_K decode matmul on warpgroup MMA for 33..64 rows (same bits as the mma.sync kernel):
-  // on an sm_90 device unless MINFER_NO_DECODE_WGMMA is set; its operand image (one per launch).
+  // The q4_K / q6_K decode matmul on warpgroup MMA for 33..64 rows (same bits as the mma.sync
+  // kernel): on an sm_90 device unless MINFER_NO_DECODE_WGMMA is set (MINFER_NO_DECODE_WGMMA_Q6K:
+  // q4_K only); its operand image (one per launch).
   const bool decode_wgmma = prefill_gemm_device_has_wgmma() && !env_flag("MINFER_NO_DECODE_WGMMA");
+  const bool decode_wgmma_q6k = !env_flag("MINFER_NO_DECODE_WGMMA_Q6K");
   const int64_t wgmma_min_weights = decode_wgmma_min_weights();
   DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
@@ -655,8 +657,12 @@ struct CudaBackend::Impl {
     extra.kv = kv_layer(graph.nodes[size_t(l.node)].layer >= 0 ? graph.nodes[size_t(l.node)].layer : 0);
     const int64_t w_in = width(l.in);
     int64_t weights_in_launch = 0;
-    for (int i = 0; i < l.n_segs; ++i) weights_in_launch += int64_t(segs[i].w.rows) * segs[i].w.cols;
-    if (decode_wgmma && weights_in_launch >= wgmma_min_weights) {
+    bool q6k = false;
+    for (int i = 0; i < l.n_segs; ++i) {
+      weights_in_launch += int64_t(segs[i].w.rows) * segs[i].w.cols;
+      q6k = q6k || segs[i].w.type == GgmlType::Q6_K;
+    }
+    if (decode_wgmma && weights_in_launch >= wgmma_min_weights && (decode_wgmma_q6k || !q6k)) {
       extra.wgmma_operand = wgmma_operand.get();
       extra.wgmma_operand_bytes = int64_t(wgmma_operand.size());
     }

@@ -195,8 +195,8 @@ struct MatVecExtra {
   const int32_t* positions = nullptr;  // [n_tokens]
   const int32_t* slots = nullptr;      // [n_tokens]: KV cache rows for RopeK / StoreV
   KvLayer kv;
-  // The operand image of the q4_K decode matmul on warpgroup MMA (matmul_wgmma.cu), written by each
-  // launch that takes it; null: launch_matmul_mma never takes that kernel.
+  // The operand image of the q4_K / q6_K decode matmul on warpgroup MMA (matmul_wgmma.cu), written
+  // by each launch that takes it; null: launch_matmul_mma never takes that kernel.
   uint8_t* wgmma_operand = nullptr;
   int64_t wgmma_operand_bytes = 0;
 };
@@ -205,7 +205,7 @@ struct MatVecExtra {
 // quant/canonical_dot.h, docs/10-batching.md): one float term per 256-column group (formed from
 // exact integer sums, which needs the q8 plane's one scale per group); groups g go to stream
 // g % 8, each stream summed in order; a tree over the 8 streams; + bias; + residual. The kernels
-// below (and the q4_K warpgroup-MMA kernel) follow it, so for these types they give the same bits
+// below (and the q4_K / q6_K warpgroup-MMA kernel) follow it, so for these types they give the same bits
 // for any token count.
 bool matmul_mma_supports(GgmlType t);
 // Warp-per-row-pair kernel (dp4a): up to kMaxMatSegs weight matrices in one launch (q/k/v, gate/up),
@@ -217,11 +217,12 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
 // REQUIRES act_q8.token0 % 32 == 0 (its fragments are the plane's tiles).
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                        const KernelStream& s);
-// The q4_K decode matmul on warpgroup MMA (sm_90a) for kWgmmaMinTokens..64 tokens: the canonical
-// order's bits from f16 tensor-core products of exact integers (matmul_wgmma.cu). launch_matmul_mma
-// takes it for the q4_K segments of a launch when matmul_wgmma_takes says so: extra.wgmma_operand
-// holds wgmma_operand_bytes(cols), every segment stores (bias and residual allowed, no rope or KV
-// write) and all have the same cols. The caller sets wgmma_operand only on an sm_90 device.
+// The q4_K and q6_K decode matmul on warpgroup MMA (sm_90a) for kWgmmaMinTokens..64 tokens: the
+// canonical order's bits from f16 tensor-core products of exact integers (matmul_wgmma.cu).
+// launch_matmul_mma takes it for a type's segments of a launch when matmul_wgmma_takes says so:
+// extra.wgmma_operand holds wgmma_operand_bytes(cols), every segment stores (bias and residual
+// allowed, no rope or KV write), all have the same cols, and q6_K rows come in fours. The caller
+// sets wgmma_operand only on an sm_90 device.
 constexpr int kWgmmaMinTokens = 33;
 int64_t wgmma_operand_bytes(int width);
 bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);

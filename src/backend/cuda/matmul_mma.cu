@@ -531,7 +531,7 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
       row_tiles += roped ? (segs[i].w.rows / 2 + 7) / 8 : (segs[i].w.rows + kTileRows - 1) / kTileRows;
     }
     a.first_block[a.n_segs] = row_tiles;
-    if (type == GgmlType::Q4_K && matmul_wgmma_takes(a.seg, a.n_segs, n_tokens, extra)) {
+    if (matmul_wgmma_takes(a.seg, a.n_segs, n_tokens, extra)) {
       launch_matmul_wgmma(a.seg, a.n_segs, act_q8, n_tokens, extra, s);
       continue;
     }

@@ -1,30 +1,42 @@
-// The q4_K decode matmul for 33..64 tokens on warpgroup MMA (sm_90a), with the canonical order's
-// bits (quant/canonical_dot.h): a group's S = sum_j sc_j * isum_j is an exact integer however it
-// is summed, so the f16 tensor cores may form it.
+// The q4_K and q6_K decode matmuls for 33..64 tokens on warpgroup MMA (sm_90a), with the canonical
+// order's bits (quant/canonical_dot.h): a group's S = sum_j sc_j * isum_j is an exact integer however
+// it is summed, so the f16 tensor cores may form it from exact f16 integers while every partial sum
+// stays below 2^24 (the f32 accumulator is then exact).
 //
-// Operands. A = the weights as q * sc, exact f16 integers (q <= 15, sc <= 63: <= 945), built in
-// registers by one LOP3 and one HFMA2 a pair: a nibble under the f16 exponent of 1024 is 1024 + q
-// (low nibble) or 1024 + 16 q (high nibble, no shift), and fma(x, sc, -1024 sc) or
-// fma(x, sc / 16, -64 sc) leaves q * sc exactly. B = the plane's int8 quants as f16 in the image
-// `wgmma_operand` holds (built per launch by build_operand_kernel, one group a bulk copy). The
-// f32 accumulator is exact while every partial sum stays below 2^24: 128 columns give at most
-// 128 * 945 * 127 < 2^24, so each half group has its own accumulator and float(S) is
+// B = the plane's int8 quants as f16 in the image `wgmma_operand` holds (built per launch by
+// build_operand_kernel, one group a bulk copy). A = the weights, built in registers. k order: a
+// wgmma k16 step gives thread tig of a row the columns it holds at k = 2 tig, 2 tig + 1, 2 tig + 8,
+// 2 tig + 9; the integer sum does not care which columns those are, so each type picks the ones
+// its packing makes cheap and the image puts each activation where its weight lands (column_of).
+//
+// q4_K (Q4K below). A = q * sc (q <= 15, sc <= 63: <= 945) by one LOP3 and one HFMA2 a pair: a
+// nibble under the f16 exponent of 1024 is 1024 + q (low nibble) or 1024 + 16 q (high nibble, no
+// shift), and fma(x, sc, -1024 sc) or fma(x, sc / 16, -64 sc) leaves q * sc exactly. 128 columns
+// give at most 128 * 945 * 127 < 2^24, so each half group has its own accumulator and float(S) is
 // RN(S_0 + S_1), one f32 add (the int-to-float rounding of the canonical order). M = sum_j m_j
 // asum_j comes from one mma.sync a token fragment on the digits asum = 64 h + l, A = (64 m_j, m_j).
-// Then the term da * fma(d, S, -(dmin * M)) joins its stream as in every decode matmul.
+// Then the term da * fma(d, S, -(dmin * M)) joins its stream. A thread's columns are the nibbles of
+// its own 16-byte chunks of the block (chunk tig for steps 0..7, tig + 4 for 8..15).
 //
-// k order. A wgmma k16 step gives thread tig of a row the columns it holds at k = 2 tig, 2 tig + 1,
-// 2 tig + 8, 2 tig + 9; the integer sum does not care which columns those are, so they are the
-// nibbles of the thread's own 16-byte chunks of the q4_K block (chunk tig for steps 0..7, tig + 4
-// for 8..15) and the operand image puts each activation where its weight nibble lands
-// (column_of). Each thread then loads three 16-byte words a row and group from shared memory.
+// q6_K (Q6K below). (q - 32) * sc needs 13 bits, so sc = 16 hi + lo (lo 0..15, hi -8..7) gives two
+// operands, (q - 32) lo (<= 480) and (q - 32) hi (<= 256), each exact over a whole group
+// (256 * 480 * 127 < 2^24) in an accumulator of its own, and float(S) = fma(16, S_hi, S_lo), one
+// rounding of the exact S; no M term; the term (d * da) * S. A pair is two 6-bit quants under the
+// exponent of 1024 (one PRMT from a word of clean bytes) and fma(x, lo, -1056 lo) = (q - 32) lo.
+// Thread tig takes the 64 columns of half n = tig / 2, l in [16 is, 16 is + 16) (is = tig % 2):
+// one 16-byte chunk of qh, two of ql, four sub-blocks; step s takes sub-block j = s / 4, word s % 4.
+// The 212-byte device blocks make a row G * 212 bytes, not a tensor map's multiple of 16, but four
+// rows are (848 G): the map is [rows / 4][4 G * 212] and a stage is four boxes of 224 bytes x 32
+// quads, row-in-quad r4 in box r4, each from the 16-byte boundary at or below its block (a tensor
+// copy's inner start must be aligned; the block then starts 0, 4, 8 or 12 bytes in, read by words).
+// So the CTA's row rho is matrix row 4 (rho % 32) + rho / 32, and consecutive fragment rows sit
+// 224 bytes apart.
 //
-// CTA. Two warpgroups, 64 rows each, all 64 tokens (wgmma m64n64k16; 16 a group, 8 into each
-// half's accumulator). The weights (a 128-row x 144-byte box, TMA) and the group's operand image
-// (35,072 bytes, one bulk copy) go through a ring of stages; the last warp to finish with a stage
-// refills it. Streams are visited in the order the canonical tree meets them (0, 4, 2, 6, 1, 5,
-// 3, 7), so a thread keeps one open stream and its subtree's running value in registers and at
-// most two finished streams in shared memory. Where the row tiles would not fill the card, a
+// CTA. Two warpgroups, 64 rows each, all 64 tokens (wgmma m64n64k16, 16 steps a group). The
+// weights and the group's operand image go through a ring of stages; the last warp to finish with
+// a stage refills it. Streams are visited in the order the canonical tree meets them (0, 4, 2, 6,
+// 1, 5, 3, 7), so a thread keeps one open stream and its subtree's running value in registers and
+// at most two finished streams in shared memory. Where the row tiles would not fill the card, a
 // cluster of kSplit CTAs takes one tile, each a run of that order (a subtree), and rank q adds a
 // 1/kSplit share of the outputs from all ranks' partials through distributed shared memory in the
 // same balanced tree. The epilogue is the decode matmul's (bias, residual, store).
@@ -41,36 +53,20 @@ namespace {
 using namespace prefill_detail;
 
 constexpr int kTokens = 64, kThreads = 256, kRowsCta = 128;
-constexpr int kQ4KBlockBytes = 144;
 // A group's operand image: the B slabs (4 x 64 tokens x 128 bytes, 128-byte swizzle, the k order
-// of column_of), then the sum digits [token][tig][h pair, l pair] as f16, then da as f32.
-constexpr int kSlabBytes = 8192, kDigitsOffset = 4 * kSlabBytes, kScalesOffset = kDigitsOffset + kTokens * 4 * 8;
-constexpr int kImageBytes = kScalesOffset + kTokens * 4;  // 35,072
-constexpr int kWeightsOffset = kImageBytes, kWeightBytes = kRowsCta * kQ4KBlockBytes;
-constexpr int kStageBytes = (kWeightsOffset + kWeightBytes + 1023) / 1024 * 1024;
-static_assert(kWeightsOffset % 128 == 0 && kImageBytes % 16 == 0, "TMA and bulk-copy destinations");
-static_assert(kStageBytes >= kRowsCta * kTokens * 4, "the cluster's partials reuse stage 0");
+// of the type's column_of), da as f32, then (q4_K only) the sum digits [token][tig][h pair, l pair]
+// as f16.
+constexpr int kSlabBytes = 8192, kScalesOffset = 4 * kSlabBytes, kDigitsOffset = kScalesOffset + kTokens * 4;
+constexpr int kImageBytes = kDigitsOffset + kTokens * 4 * 8;  // 35,072
+static_assert(kImageBytes % 16 == 0 && kDigitsOffset % 128 == 0, "bulk-copy sizes and TMA destinations");
 
 // Streams in the order the canonical tree ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)) meets them.
 __constant__ int kStreamOrder[8] = {0, 4, 2, 6, 1, 5, 3, 7};
 
-template <int kSplit>
-struct Shape {
-  static constexpr int kStreams = 8 / kSplit;  // a CTA's run of kStreamOrder
-  static constexpr int kSlots = kStreams == 8 ? 2 : kStreams == 4 ? 1 : 0;
-  static constexpr int kStages = kSlots ? 3 : 4;
-  static constexpr int kSlotOffset = kStages * kStageBytes, kSlotBytes = kThreads * 32 * 4;
-  static constexpr int kSmemBytes = kSlotOffset + kSlots * kSlotBytes + 1024;  // + 1024: the alignment pad
-  static_assert(kSmemBytes <= 232448, "one CTA an SM");
-};
-
-// The column of a 256-column group that k position kappa of wgmma step s stands for.
-__host__ __device__ constexpr int column_of(int s, int kappa) {
-  const int tig = (kappa % 8) / 2, chunk = tig + 4 * (s >> 3), word = (s >> 1) & 3, h = s & 1;
-  const int byte_in_word = kappa < 8 ? (kappa & 1 ? 2 : 0) : (kappa & 1 ? 3 : 1);
-  const int b = 16 * chunk + 4 * word + byte_in_word;
-  return 64 * (b / 32) + 32 * h + b % 32;
-}
+// Position kappa of a wgmma k16 step: the thread it belongs to and its byte in the thread's
+// 4-byte word (pairs (0, 2) for kappa < 8, (1, 3) after: one PRMT or LOP3 a pair).
+__host__ __device__ constexpr int tig_of(int kappa) { return (kappa % 8) / 2; }
+__host__ __device__ constexpr int byte_of(int kappa) { return kappa < 8 ? (kappa & 1 ? 2 : 0) : (kappa & 1 ? 3 : 1); }
 
 struct WeightMaps {
   CUtensorMap map[kMaxMatSegs];
@@ -83,51 +79,7 @@ struct WgmmaArgs {
   const uint8_t* image;
 };
 
-// ---- the operand image -----------------------------------------------------------------------
-constexpr int kBuildTokens = 8, kBuildThreads = kBuildTokens * 16;
-// REQUIRES: gridDim = (groups, kTokens / kBuildTokens), blockDim.x == kBuildThreads: a thread
-// writes one wgmma step's 16 values of one token. Tokens past n_tokens are zeros.
-__global__ void __launch_bounds__(kBuildThreads) build_operand_kernel(Q8Plane plane, int n_tokens, uint8_t* image) {
-  const int g = blockIdx.x, n = blockIdx.y * kBuildTokens + threadIdx.x / 16, s = threadIdx.x % 16;
-  uint8_t* img = image + size_t(g) * kImageBytes;
-  uint32_t packed[8];
-#pragma unroll
-  for (int kappa = 0; kappa < 16; kappa += 2) {
-    float v[2] = {0.0f, 0.0f};
-    if (n < n_tokens)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = column_of(s, kappa + e);
-        v[e] = float(int8_t(plane.block_quants(n, 8 * g + col / 32)[col % 32]));
-      }
-    const __half2 h = __floats2half2_rn(v[0], v[1]);  // |v| <= 127: exact
-    packed[kappa / 2] = *reinterpret_cast<const uint32_t*>(&h);
-  }
-  uint8_t* row = img + (s / 4) * kSlabBytes + n * 128;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int chunk = 2 * (s % 4) + half;
-    *reinterpret_cast<uint4*>(row + (chunk ^ (n & 7)) * 16) =
-        make_uint4(packed[4 * half], packed[4 * half + 1], packed[4 * half + 2], packed[4 * half + 3]);
-  }
-  if (s < 4) {  // the sum digits of blocks 2s, 2s + 1
-    float h[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
-    if (n < n_tokens)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int32_t sum = *plane.sum(n, 8 * g + 2 * s + e);
-        h[e] = float(sum >> 6), l[e] = float(sum & 63);  // sum = 64 h + l; |h| <= 64, exact in f16
-      }
-    const __half2 hh = __floats2half2_rn(h[0], h[1]), ll = __floats2half2_rn(l[0], l[1]);
-    *reinterpret_cast<uint2*>(img + kDigitsOffset + (n * 4 + s) * 8) =
-        make_uint2(*reinterpret_cast<const uint32_t*>(&hh), *reinterpret_cast<const uint32_t*>(&ll));
-  } else if (s == 4) {
-    const float da = n < n_tokens ? __half2float(__ushort_as_half(*plane.scale(n, g))) : 0.0f;
-    reinterpret_cast<float*>(img + kScalesOffset)[n] = da;
-  }
-}
-
-// ---- the matmul ------------------------------------------------------------------------------
+// ---- device helpers --------------------------------------------------------------------------
 // d (64 x 64 f32, the mma.m16n8 layout per warp) = [d +] A (registers) x B (K-major descriptor).
 __device__ __forceinline__ void wgmma_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -158,6 +110,11 @@ __device__ __forceinline__ uint2 lds64(uint32_t a) {
   asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
   return v;
 }
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
 __device__ __forceinline__ float lds_f32(uint32_t a) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
@@ -183,9 +140,294 @@ __device__ __forceinline__ uint32_t h2u(__half2 h) { return *reinterpret_cast<ui
 __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__half2*>(&u); }
 // (x, x) for an f16 bit pattern x: constants without a conversion in the loop.
 __device__ __forceinline__ __half2 splat(uint16_t bits) { return u2h(uint32_t(bits) * 0x10001u); }
-constexpr uint16_t kHalf1024 = 0x6400, kHalfMinus1024 = 0xE400, kHalfMinus64 = 0xD400, kHalf64 = 0x5400,
-                   kHalfSixteenth = 0x2C00;
+constexpr uint16_t kHalf1024 = 0x6400, kHalf1032 = 0x6408, kHalfMinus1024 = 0xE400, kHalfMinus1056 = 0xE420,
+                   kHalfMinus64 = 0xD400, kHalf64 = 0x5400, kHalfSixteenth = 0x2C00;
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int w) { return w == 0 ? q.x : w == 1 ? q.y : w == 2 ? q.z : q.w; }
 
+
+// ---- the weight formats ----------------------------------------------------------------------
+// What the kernel asks of a format: kType; kRowBytes, a row's bytes a group in a stage;
+// kCopyBytes, the bytes of a group's operand image it reads; column_of(s, kappa), the group column
+// k position kappa of step s stands for; row_of(rho), the tile row that CTA row rho is; weight_map
+// (host) and load (a stage's TMA copies); accumulate, a group's terms into the thread's 32 open
+// outputs (rows rr0 and rr0 + 8, tokens 8 j + 2 tig + {0, 1}: the m64n64 fragment) from the stage
+// at `base` with its weights at `weights`.
+
+// A 2-D byte tensor of outer x inner bytes (rows inner bytes apart), read in boxes.
+CUtensorMap byte_map(const DevMat& m, int64_t inner, int64_t outer, uint32_t box_inner, uint32_t box_outer) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {cuuint64_t(inner), cuuint64_t(outer)};
+  const cuuint64_t stride[1] = {cuuint64_t(inner)};
+  const cuuint32_t box[2] = {box_inner, box_outer}, element_strides[2] = {1, 1};
+  const auto encode = tensor_map_encoder("decode matmul (wgmma)", "MINFER_NO_DECODE_WGMMA");
+  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(m.data), dims, stride, box,
+                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail("decode matmul (wgmma): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ", m.cols);
+  return map;
+}
+
+struct Q4K {
+  static constexpr GgmlType kType = GgmlType::Q4_K;
+  static constexpr int kBlockBytes = 144, kRowBytes = kBlockBytes, kCopyBytes = kImageBytes;
+  __host__ __device__ static constexpr int column_of(int s, int kappa) {
+    const int chunk = tig_of(kappa) + 4 * (s >> 3), word = (s >> 1) & 3, h = s & 1;
+    const int b = 16 * chunk + 4 * word + byte_of(kappa);
+    return 64 * (b / 32) + 32 * h + b % 32;
+  }
+  __device__ static int row_of(int rho) { return rho; }
+  // rows x row bytes, boxes of one block x 128 rows.
+  static CUtensorMap weight_map(const DevMat& m) {
+    return byte_map(m, int64_t(m.cols / 256) * kBlockBytes, m.rows, kBlockBytes, kRowsCta);
+  }
+  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int /*groups*/, int row0, uint32_t bar) {
+    tma_load_2d(dst, map, g * kBlockBytes, row0, bar);
+  }
+  __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0, int gq, int tig,
+                                    float (&open)[32]);
+};
+
+struct Q6K {
+  static constexpr GgmlType kType = GgmlType::Q6_K;
+  static constexpr int kBlockBytes = kQ6KDeviceBlockBytes, kRowBytes = 224, kCopyBytes = kDigitsOffset;
+  static constexpr int kQuads = kRowsCta / 4, kBoxBytes = kQuads * kRowBytes;
+  static_assert(kRowBytes >= kBlockBytes + 12 && kRowBytes % 16 == 0 && kBoxBytes % 128 == 0, "TMA boxes, lead <= 12");
+  __host__ __device__ static constexpr int column_of(int s, int kappa) {
+    const int tig = tig_of(kappa), n = tig / 2, is = tig % 2, j = s / 4, word = s % 4;
+    return 128 * n + 32 * j + 16 * is + 4 * word + byte_of(kappa);
+  }
+  __device__ static int row_of(int rho) { return 4 * (rho % kQuads) + rho / kQuads; }
+  // REQUIRES rows % 4 == 0: [rows / 4][4 rows' bytes], boxes of 224 bytes x 32 quads.
+  static CUtensorMap weight_map(const DevMat& m) {
+    return byte_map(m, int64_t(m.cols / 256) * 4 * kBlockBytes, m.rows / 4, kRowBytes, kQuads);
+  }
+  // Where block g of row-in-quad r4 starts in its quad's bytes; a box starts at the 16-byte boundary
+  // below (the tensor copy's inner coordinate must be 16-byte aligned), the block `lead` bytes in.
+  __device__ static int quad_offset(int r4, int g, int groups) { return (r4 * groups + g) * kBlockBytes; }
+  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int groups, int row0, uint32_t bar) {
+#pragma unroll
+    for (int r4 = 0; r4 < 4; ++r4) tma_load_2d(dst + r4 * kBoxBytes, map, quad_offset(r4, g, groups) & ~15, row0 / 4, bar);
+  }
+  __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0, int gq, int tig,
+                                    float (&open)[32]);
+};
+
+__device__ __forceinline__ void Q4K::accumulate(uint32_t base, uint32_t weights, int /*g*/, int /*groups*/, int rr0,
+                                                int gq, int tig, float (&open)[32]) {
+  const uint32_t first_byte = 2 * (tig / 2);  // the thread's first sub-block in a 4-byte scale vector
+  uint32_t magic = 0x64006400u;
+  asm volatile("" : "+r"(magic));  // a register, so the LOP3's immediate can be the mask
+  uint4 head[2], chunk_a[2], chunk_b[2];  // per row: d, dmin, scales; the chunks tig and tig + 4 of qs
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t row = weights + (rr0 + 8 * r) * kBlockBytes;
+    head[r] = lds128(row);
+    chunk_a[r] = lds128(row + 16 + 16 * tig);
+    chunk_b[r] = lds128(row + 16 + 16 * (tig + 4));
+  }
+  // [row][chunk][nibble]: (sc, -1024 sc) for low nibbles, (sc / 16, -64 sc) for high ones.
+  uint32_t mul[2][2][2], add[2][2][2], m_lo[2], m_hi[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const KScaleBytes k = unpack_k_scales(head[r].y, head[r].z, head[r].w);
+    m_lo[r] = k.m_lo;
+    m_hi[r] = k.m_hi;
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t b = first_byte + h;
+        const uint32_t x = __byte_perm(c ? k.sc_hi : k.sc_lo, 0x64u, b | 0x40u | (b << 8) | 0x4000u);  // 1024 + sc
+        const __half2 sc = __hsub2(u2h(x), splat(kHalf1024));
+        mul[r][c][h] = h2u(h ? __hmul2(sc, splat(kHalfSixteenth)) : sc);
+        add[r][c][h] = h2u(__hmul2(sc, splat(h ? kHalfMinus64 : kHalfMinus1024)));
+      }
+  }
+  const uint64_t desc0 = sw128_descriptor(base);  // REQUIRES base < 256 KB: k offsets add to the address field
+  float acc0[32], acc1[32];
+  uint32_t A[16][4];
+#pragma unroll
+  for (int s = 0; s < 16; ++s) {
+    const int c = s >> 3, word = (s >> 1) & 3, h = s & 1;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t W = word_of(c ? chunk_b[r] : chunk_a[r], word), W8 = W >> 8;
+      const uint32_t lo = h ? and_or<0x00F000F0u>(W, magic) : and_or<0x000F000Fu>(W, magic);
+      const uint32_t hi = h ? and_or<0x00F000F0u>(W8, magic) : and_or<0x000F000Fu>(W8, magic);
+      A[s][r] = h2u(__hfma2(u2h(lo), u2h(mul[r][c][h]), u2h(add[r][c][h])));
+      A[s][2 + r] = h2u(__hfma2(u2h(hi), u2h(mul[r][c][h]), u2h(add[r][c][h])));
+    }
+    if (s % 8 == 7) {  // a half group: 8 products into its own accumulator
+      wgmma_fence();
+#pragma unroll
+      for (int t = s - 7; t <= s; ++t) {
+        const uint64_t desc = desc0 + uint64_t(((t / 4) * kSlabBytes + (t % 4) * 32) >> 4);
+        if (t < 8)
+          wgmma_f16_rs(acc0, A[t], desc, t != 0);
+        else
+          wgmma_f16_rs(acc1, A[t], desc, t != 8);
+      }
+      wgmma_commit();
+    }
+  }
+  // M's A fragment: k 0..7 = 64 m_k, 8..15 = m_k; the thread's k pair is (2 tig, 2 tig + 1).
+  uint32_t am[4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint32_t b = 2 * (tig & 1);
+    const uint32_t x = __byte_perm(tig < 2 ? m_lo[r] : m_hi[r], 0x64u, b | 0x40u | ((b + 1) << 8) | 0x4000u);
+    const __half2 m = __hsub2(u2h(x), splat(kHalf1024));
+    am[r] = h2u(__hmul2(m, splat(kHalf64)));
+    am[2 + r] = h2u(m);
+  }
+  float d[2], dmin[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float2 f = __half22float2(u2h(head[r].x));
+    d[r] = f.x, dmin[r] = f.y;
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int e = 0; e < 32; ++e) fence_operand(acc0[e]), fence_operand(acc1[e]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint2 digits = lds64(base + kDigitsOffset + ((8 * j + gq) * 4 + tig) * 8);
+    const uint2 da = lds64(base + kScalesOffset + (8 * j + 2 * tig) * 4);
+    float M[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma_f16(M, am, digits.x, digits.y);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const float S = __fadd_rn(acc0[4 * j + e], acc1[4 * j + e]);
+      const float f = __fmaf_rn(d[r], S, -__fmul_rn(dmin[r], M[e]));
+      open[4 * j + e] = __fadd_rn(open[4 * j + e], __fmul_rn(__uint_as_float(e & 1 ? da.y : da.x), f));
+    }
+  }
+}
+
+__device__ __forceinline__ void Q6K::accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0,
+                                                int /*gq*/, int tig, float (&open)[32]) {
+  const int n = tig / 2, is = tig % 2;
+  // Both rows of the thread are in box rr0 / 32 (rr0 % 32 < 24), so one lead a warp: 0, 4, 8 or
+  // 12 bytes, hence word loads.
+  const int lead = quad_offset(rr0 / kQuads, g, groups) & 15;
+  uint32_t row[2], lo4[2], hi4[2], qh[2][4];
+  float d[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row[r] = weights + (rr0 + 8 * r) * kRowBytes + lead;
+    const uint32_t sc_lo = lds32(row[r] + 192 + 8 * n), sc_hi = lds32(row[r] + 196 + 8 * n);
+    const uint32_t s4 = __byte_perm(sc_lo, sc_hi, is ? 0x7531u : 0x6420u);  // byte j: sc of sub-block j (scale is + 2 j)
+    lo4[r] = s4 & 0x0F0F0F0Fu;
+    hi4[r] = ((s4 >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u;  // hi + 8
+    d[r] = __low2float(u2h(lds32(row[r] + 208)));
+#pragma unroll
+    for (int w = 0; w < 4; ++w) qh[r][w] = lds32(row[r] + 128 + 16 * (2 * n + is) + 4 * w);  // qh[32 n + 16 is ..]
+  }
+  const uint64_t desc0 = sw128_descriptor(base);  // REQUIRES base < 256 KB: k offsets add to the address field
+  float acc_lo[32], acc_hi[32];
+  uint32_t A[2][4][2][4];  // [buffer][word][lo, hi][fragment register]
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t(&buf)[4][2][4] = A[j & 1];
+    if (j >= 2) {
+      wgmma_wait<1>();  // sub-block j - 2's products, which read this buffer, are done
+#pragma unroll
+      for (int w = 0; w < 4; ++w)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) fence_operand(buf[w][e / 4][e % 4]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t sel = uint32_t(j) | 0x40u | (uint32_t(j) << 8) | 0x4000u;
+      const __half2 lo = __hsub2(u2h(__byte_perm(lo4[r], 0x64u, sel)), splat(kHalf1024));
+      const __half2 hi = __hsub2(u2h(__byte_perm(hi4[r], 0x64u, sel)), splat(kHalf1032));
+      const __half2 add_lo = __hmul2(lo, splat(kHalfMinus1056)), add_hi = __hmul2(hi, splat(kHalfMinus1056));
+      const uint32_t ql = row[r] + 16 * (4 * n + 2 * (j & 1) + is);  // ql[64 n + 32 (j & 1) + 16 is ..]
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const uint32_t W = lds32(ql + 4 * w), H = qh[r][w];
+        const uint32_t low = (j < 2 ? W : W >> 4) & 0x0F0F0F0Fu;
+        const uint32_t top = (j == 0 ? H << 4 : j == 1 ? H << 2 : j == 2 ? H : H >> 2) & 0x30303030u;
+        const uint32_t v = low | top;  // four 6-bit quants, one a byte
+        const __half2 p02 = u2h(__byte_perm(v, 0x64u, 0x4240u)), p13 = u2h(__byte_perm(v, 0x64u, 0x4341u));
+        buf[w][0][r] = h2u(__hfma2(p02, lo, add_lo));
+        buf[w][0][2 + r] = h2u(__hfma2(p13, lo, add_lo));
+        buf[w][1][r] = h2u(__hfma2(p02, hi, add_hi));
+        buf[w][1][2 + r] = h2u(__hfma2(p13, hi, add_hi));
+      }
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint64_t desc = desc0 + uint64_t((j * kSlabBytes + w * 32) >> 4);
+      wgmma_f16_rs(acc_lo, buf[w][0], desc, j + w != 0);
+      wgmma_f16_rs(acc_hi, buf[w][1], desc, j + w != 0);
+    }
+    wgmma_commit();
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int e = 0; e < 32; ++e) fence_operand(acc_lo[e]), fence_operand(acc_hi[e]);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const uint2 da = lds64(base + kScalesOffset + (8 * j + 2 * tig) * 4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float S = __fmaf_rn(16.0f, acc_hi[4 * j + e], acc_lo[4 * j + e]);
+      const float dda = __fmul_rn(d[e >> 1], __uint_as_float(e & 1 ? da.y : da.x));
+      open[4 * j + e] = __fadd_rn(open[4 * j + e], __fmul_rn(dda, S));
+    }
+  }
+}
+
+// ---- the operand image -----------------------------------------------------------------------
+constexpr int kBuildTokens = 8, kBuildThreads = kBuildTokens * 16;
+// REQUIRES: gridDim = (groups, kTokens / kBuildTokens), blockDim.x == kBuildThreads: a thread
+// writes one wgmma step's 16 values of one token. Tokens past n_tokens are zeros.
+template <class Fmt>
+__global__ void __launch_bounds__(kBuildThreads) build_operand_kernel(Q8Plane plane, int n_tokens, uint8_t* image) {
+  const int g = blockIdx.x, n = blockIdx.y * kBuildTokens + threadIdx.x / 16, s = threadIdx.x % 16;
+  uint8_t* img = image + size_t(g) * kImageBytes;
+  uint32_t packed[8];
+#pragma unroll
+  for (int kappa = 0; kappa < 16; kappa += 2) {
+    float v[2] = {0.0f, 0.0f};
+    if (n < n_tokens)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = Fmt::column_of(s, kappa + e);
+        v[e] = float(int8_t(plane.block_quants(n, 8 * g + col / 32)[col % 32]));
+      }
+    const __half2 h = __floats2half2_rn(v[0], v[1]);  // |v| <= 127: exact
+    packed[kappa / 2] = *reinterpret_cast<const uint32_t*>(&h);
+  }
+  uint8_t* row = img + (s / 4) * kSlabBytes + n * 128;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int chunk = 2 * (s % 4) + half;
+    *reinterpret_cast<uint4*>(row + (chunk ^ (n & 7)) * 16) =
+        make_uint4(packed[4 * half], packed[4 * half + 1], packed[4 * half + 2], packed[4 * half + 3]);
+  }
+  if (s == 4) {
+    const float da = n < n_tokens ? __half2float(__ushort_as_half(*plane.scale(n, g))) : 0.0f;
+    reinterpret_cast<float*>(img + kScalesOffset)[n] = da;
+  } else if (Fmt::kType == GgmlType::Q4_K && s < 4) {  // the sum digits of blocks 2s, 2s + 1
+    float h[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
+    if (n < n_tokens)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int32_t sum = *plane.sum(n, 8 * g + 2 * s + e);
+        h[e] = float(sum >> 6), l[e] = float(sum & 63);  // sum = 64 h + l; |h| <= 64, exact in f16
+      }
+    const __half2 hh = __floats2half2_rn(h[0], h[1]), ll = __floats2half2_rn(l[0], l[1]);
+    *reinterpret_cast<uint2*>(img + kDigitsOffset + (n * 4 + s) * 8) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&hh), *reinterpret_cast<const uint32_t*>(&ll));
+  }
+}
+
+// ---- the matmul ------------------------------------------------------------------------------
 // The groups s, s + 8, ... of stream s.
 __device__ __forceinline__ int stream_length(int s, int groups) { return s < groups ? (groups - s + 7) / 8 : 0; }
 
@@ -199,13 +441,32 @@ __device__ __forceinline__ int group_at(int it, int rank, int groups) {
   return -1;
 }
 
+
+// The CTA's shared memory: stages (the group's image, then its weights), the finished streams'
+// slots, as many stages as fit up to 4.
+template <class Fmt, int kSplit>
+struct Shape {
+  static constexpr int kStreams = 8 / kSplit;  // a CTA's run of kStreamOrder
+  static constexpr int kSlots = kStreams == 8 ? 2 : kStreams == 4 ? 1 : 0;
+  static constexpr int kWeightsOffset = Fmt::kCopyBytes, kWeightBytes = kRowsCta * Fmt::kRowBytes;
+  static constexpr int kStageBytes = (kWeightsOffset + kWeightBytes + 1023) / 1024 * 1024;
+  static constexpr int kSlotBytes = kThreads * 32 * 4;
+  static constexpr int kFit = (232448 - 256 - 1024 - kSlots * kSlotBytes) / kStageBytes;  // - static, - alignment pad
+  static constexpr int kStages = kFit < 4 ? kFit : 4;
+  static constexpr int kSlotOffset = kStages * kStageBytes;
+  static constexpr int kSmemBytes = kSlotOffset + kSlots * kSlotBytes + 1024;
+  static_assert(kStages >= 2 && kWeightsOffset % 128 == 0, "a ring of stages; TMA destinations");
+  static_assert(kStageBytes >= kRowsCta * kTokens * 4, "the cluster's partials reuse stage 0");
+};
+
 // REQUIRES: blockDim.x == kThreads; gridDim = (the segments' 128-row tiles, kSplit) in clusters of
-// (1, kSplit); the segments' weights q4_K with cols = 256 * groups; 1 <= n_tokens <= 64; the image
-// built for this plane and n_tokens; dynamic shared memory Shape<kSplit>::kSmemBytes.
-template <int kSplit>
+// (1, kSplit); the segments' weights of Fmt's type with cols = 256 * groups (q6_K: rows % 4 == 0);
+// 1 <= n_tokens <= 64; the image built by build_operand_kernel<Fmt> for this plane and n_tokens;
+// dynamic shared memory Shape<Fmt, kSplit>::kSmemBytes.
+template <class Fmt, int kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
     matmul_wgmma_kernel(const __grid_constant__ WeightMaps maps, const __grid_constant__ WgmmaArgs a) {
-  using Sh = Shape<kSplit>;
+  using Sh = Shape<Fmt, kSplit>;
   constexpr int kStages = Sh::kStages, kL = Sh::kStreams;
   extern __shared__ uint8_t raw[];
   __shared__ __align__(8) uint64_t full[kStages];
@@ -218,11 +479,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   for (int i = 0; i < kL; ++i) n_iter += stream_length(kStreamOrder[rank * kL + i], a.groups);
   const auto issue = [&](int it) {
     const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
-    const uint32_t bar = shared_address(&full[st]), dst = base0 + st * kStageBytes;
-    mbarrier_expect_tx(bar, kImageBytes + kWeightBytes);
+    const uint32_t bar = shared_address(&full[st]), dst = base0 + st * Sh::kStageBytes;
+    mbarrier_expect_tx(bar, Fmt::kCopyBytes + Sh::kWeightBytes);
     mbarrier_arrive(bar);
-    bulk_copy(dst, a.image + size_t(g) * kImageBytes, kImageBytes, bar);
-    tma_load_2d(dst + kWeightsOffset, &maps.map[seg], g * kQ4KBlockBytes, row0, bar);
+    bulk_copy(dst, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes, bar);
+    Fmt::load(dst + Sh::kWeightsOffset, &maps.map[seg], g, a.groups, row0, bar);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&full[s]), 1), released[s] = 0;
@@ -235,9 +496,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, gq = lane >> 2, tig = lane & 3;
   const int rr0 = wg * 64 + 16 * w + gq;  // the CTA rows of fragment rows g (rr0) and g + 8
   const uint32_t slot_base = base0 + Sh::kSlotOffset + threadIdx.x * 4;  // slot k, value e: + k * kSlotBytes + e * 1024
-  const uint32_t first_byte = 2 * (tig / 2);  // the thread's first sub-block in a 4-byte scale vector
-  uint32_t magic = 0x64006400u;
-  asm volatile("" : "+r"(magic));  // a register, so the LOP3's immediate can be the mask
   float open[32], total[32];
 
   int it = 0;
@@ -249,94 +507,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int g = kStreamOrder[rank * kL + i]; g < a.groups; g += 8, ++it) {
       const int st = it % kStages;
       mbarrier_wait(shared_address(&full[st]), (it / kStages) & 1);
-      const uint32_t base = base0 + st * kStageBytes;
-      uint4 head[2], chunk_a[2], chunk_b[2];  // per row: d, dmin, scales; the chunks tig and tig + 4 of qs
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t row = base + kWeightsOffset + (rr0 + 8 * r) * kQ4KBlockBytes;
-        head[r] = lds128(row);
-        chunk_a[r] = lds128(row + 16 + 16 * tig);
-        chunk_b[r] = lds128(row + 16 + 16 * (tig + 4));
-      }
-      // [row][chunk][nibble]: (sc, -1024 sc) for low nibbles, (sc / 16, -64 sc) for high ones.
-      uint32_t mul[2][2][2], add[2][2][2], m_lo[2], m_hi[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const KScaleBytes k = unpack_k_scales(head[r].y, head[r].z, head[r].w);
-        m_lo[r] = k.m_lo;
-        m_hi[r] = k.m_hi;
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const uint32_t b = first_byte + h;
-            const uint32_t x = __byte_perm(c ? k.sc_hi : k.sc_lo, 0x64u, b | 0x40u | (b << 8) | 0x4000u);  // 1024 + sc
-            const __half2 sc = __hsub2(u2h(x), splat(kHalf1024));
-            mul[r][c][h] = h2u(h ? __hmul2(sc, splat(kHalfSixteenth)) : sc);
-            add[r][c][h] = h2u(__hmul2(sc, splat(h ? kHalfMinus64 : kHalfMinus1024)));
-          }
-      }
-      const uint64_t desc0 = sw128_descriptor(base);  // REQUIRES base < 256 KB: k offsets add to the address field
-      float acc0[32], acc1[32];
-      uint32_t A[16][4];
-#pragma unroll
-      for (int s = 0; s < 16; ++s) {
-        const int c = s >> 3, word = (s >> 1) & 3, h = s & 1;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const uint4 q = c ? chunk_b[r] : chunk_a[r];
-          const uint32_t W = word == 0 ? q.x : word == 1 ? q.y : word == 2 ? q.z : q.w, W8 = W >> 8;
-          const uint32_t lo = h ? and_or<0x00F000F0u>(W, magic) : and_or<0x000F000Fu>(W, magic);
-          const uint32_t hi = h ? and_or<0x00F000F0u>(W8, magic) : and_or<0x000F000Fu>(W8, magic);
-          A[s][r] = h2u(__hfma2(u2h(lo), u2h(mul[r][c][h]), u2h(add[r][c][h])));
-          A[s][2 + r] = h2u(__hfma2(u2h(hi), u2h(mul[r][c][h]), u2h(add[r][c][h])));
-        }
-        if (s % 8 == 7) {  // a half group: 8 products into its own accumulator
-          wgmma_fence();
-#pragma unroll
-          for (int t = s - 7; t <= s; ++t) {
-            const uint64_t desc = desc0 + uint64_t(((t / 4) * kSlabBytes + (t % 4) * 32) >> 4);
-            if (t < 8)
-              wgmma_f16_rs(acc0, A[t], desc, t != 0);
-            else
-              wgmma_f16_rs(acc1, A[t], desc, t != 8);
-          }
-          wgmma_commit();
-        }
-      }
-      // M's A fragment: k 0..7 = 64 m_k, 8..15 = m_k; the thread's k pair is (2 tig, 2 tig + 1).
-      uint32_t am[4];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint32_t b = 2 * (tig & 1);
-        const uint32_t x = __byte_perm(tig < 2 ? m_lo[r] : m_hi[r], 0x64u, b | 0x40u | ((b + 1) << 8) | 0x4000u);
-        const __half2 m = __hsub2(u2h(x), splat(kHalf1024));
-        am[r] = h2u(__hmul2(m, splat(kHalf64)));
-        am[2 + r] = h2u(m);
-      }
-      float d[2], dmin[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float2 f = __half22float2(u2h(head[r].x));
-        d[r] = f.x, dmin[r] = f.y;
-      }
-      wgmma_wait<0>();
-#pragma unroll
-      for (int e = 0; e < 32; ++e) fence_operand(acc0[e]), fence_operand(acc1[e]);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const uint2 digits = lds64(base + kDigitsOffset + ((8 * j + gq) * 4 + tig) * 8);
-        const uint2 da = lds64(base + kScalesOffset + (8 * j + 2 * tig) * 4);
-        float M[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_f16(M, am, digits.x, digits.y);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const float S = __fadd_rn(acc0[4 * j + e], acc1[4 * j + e]);
-          const float f = __fmaf_rn(d[r], S, -__fmul_rn(dmin[r], M[e]));
-          open[4 * j + e] = __fadd_rn(open[4 * j + e], __fmul_rn(__uint_as_float(e & 1 ? da.y : da.x), f));
-        }
-      }
+      const uint32_t base = base0 + st * Sh::kStageBytes;
+      Fmt::accumulate(base, base + Sh::kWeightsOffset, g, a.groups, rr0, gq, tig, open);
       __syncwarp();
       if (lane == 0 && atomicAdd(&released[st], 1) == kThreads / 32 - 1) {  // the stage's last reader refills it
         released[st] = 0;
@@ -387,7 +559,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = row0 + rr0 + 8 * (e >> 1), n = 8 * j + 2 * tig + (e & 1);
+        const int row = row0 + Fmt::row_of(rr0 + 8 * (e >> 1)), n = 8 * j + 2 * tig + (e & 1);
         if (row < sg.w.rows && n < a.n_tokens) store_output(sg, n, row, total[4 * j + e]);
       }
   } else {
@@ -407,7 +579,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int q = 0; q < kSplit; ++q) parts[q] = cluster.map_shared_rank(part, q);
     for (int x = threadIdx.x; x < kShare * kTokens; x += kThreads) {
-      const int local = rank * kShare + x % kShare, n = x / kShare, row = row0 + local;
+      const int local = rank * kShare + x % kShare, n = x / kShare, row = row0 + Fmt::row_of(local);
       if (n >= a.n_tokens || row >= sg.w.rows) continue;
       float v[kSplit];
 #pragma unroll
@@ -422,26 +594,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// A q4_K matrix as a 2-D byte tensor of rows x row bytes, read in boxes of one block x 128 rows.
-CUtensorMap weight_map(const DevMat& m) {
-  CUtensorMap map{};
-  const int64_t row_bytes = int64_t(m.cols / 256) * kQ4KBlockBytes;
-  const cuuint64_t dims[2] = {cuuint64_t(row_bytes), cuuint64_t(m.rows)};
-  const cuuint64_t stride[1] = {cuuint64_t(row_bytes)};
-  const cuuint32_t box[2] = {kQ4KBlockBytes, kRowsCta}, element_strides[2] = {1, 1};
-  const auto encode = tensor_map_encoder("decode matmul (wgmma)", "MINFER_NO_DECODE_WGMMA");
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(m.data), dims, stride, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail("decode matmul (wgmma): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ", m.cols);
-  return map;
-}
-
-template <int kSplit>
+template <class Fmt, int kSplit>
 void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, cudaStream_t stream) {
-  constexpr int smem = Shape<kSplit>::kSmemBytes;
-  reserve_dynamic_shared_memory(matmul_wgmma_kernel<kSplit>, smem, "decode matmul (wgmma)");
+  constexpr int smem = Shape<Fmt, kSplit>::kSmemBytes;
+  reserve_dynamic_shared_memory(matmul_wgmma_kernel<Fmt, kSplit>, smem, "decode matmul (wgmma)");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(tiles), kSplit);
   cfg.blockDim = dim3(kThreads);
@@ -452,31 +608,18 @@ void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, cudaStr
   cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = kSplit, cluster.val.clusterDim.z = 1;
   cfg.attrs = &cluster;
   cfg.numAttrs = kSplit > 1 ? 1 : 0;
-  const cudaError_t e = cudaLaunchKernelEx(&cfg, matmul_wgmma_kernel<kSplit>, maps, a);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, matmul_wgmma_kernel<Fmt, kSplit>, maps, a);
   if (e != cudaSuccess) fail("decode matmul (wgmma): launch failed: ", cudaGetErrorString(e));
 }
 
-}  // namespace
-
-int64_t wgmma_operand_bytes(int width) { return int64_t(width / 256) * kImageBytes; }
-
-bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  if (!extra.wgmma_operand || n_tokens < kWgmmaMinTokens || n_tokens > kTokens) return false;
-  for (int i = 0; i < n_segs; ++i)
-    if (segs[i].w.type != GgmlType::Q4_K || segs[i].epi != Epilogue::Store || segs[i].w.cols != segs[0].w.cols ||
-        wgmma_operand_bytes(segs[i].w.cols) > extra.wgmma_operand_bytes)
-      return false;
-  return true;
-}
-
-void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
-                         const KernelStream& s) {
-  if (!matmul_wgmma_takes(segs, n_segs, n_tokens, extra)) fail("decode matmul (wgmma): launch outside its conditions");
+template <class Fmt>
+void launch_format(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                   cudaStream_t stream) {
   WeightMaps maps{};
   WgmmaArgs a{};
   int tiles = 0;
   for (int i = 0; i < n_segs; ++i) {
-    maps.map[i] = weight_map(segs[i].w);
+    maps.map[i] = Fmt::weight_map(segs[i].w);
     a.seg[i] = segs[i];
     a.first_tile[i] = tiles;
     tiles += (segs[i].w.rows + kRowsCta - 1) / kRowsCta;
@@ -487,17 +630,42 @@ void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, 
   a.groups = segs[0].w.cols / 256;
   a.image = extra.wgmma_operand;
   const dim3 build_grid(unsigned(a.groups), kTokens / kBuildTokens);
-  build_operand_kernel<<<build_grid, kBuildThreads, 0, s.stream>>>(act_q8, n_tokens, extra.wgmma_operand);
+  build_operand_kernel<Fmt><<<build_grid, kBuildThreads, 0, stream>>>(act_q8, n_tokens, extra.wgmma_operand);
   // Split a tile's streams over a cluster where the tiles alone would leave most SMs idle
   // (7B: gate/up's 296 tiles run whole, the 28 tiles of a 3584-row matrix in clusters of 4).
   if (tiles >= 100)
-    launch_split<1>(maps, a, tiles, s.stream);
+    launch_split<Fmt, 1>(maps, a, tiles, stream);
   else if (tiles >= 50)
-    launch_split<2>(maps, a, tiles, s.stream);
+    launch_split<Fmt, 2>(maps, a, tiles, stream);
   else if (tiles >= 25)
-    launch_split<4>(maps, a, tiles, s.stream);
+    launch_split<Fmt, 4>(maps, a, tiles, stream);
   else
-    launch_split<8>(maps, a, tiles, s.stream);
+    launch_split<Fmt, 8>(maps, a, tiles, stream);
+}
+
+}  // namespace
+
+int64_t wgmma_operand_bytes(int width) { return int64_t(width / 256) * kImageBytes; }
+
+bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  if (!extra.wgmma_operand || n_tokens < kWgmmaMinTokens || n_tokens > kTokens) return false;
+  const GgmlType type = segs[0].w.type;
+  if (type != GgmlType::Q4_K && type != GgmlType::Q6_K) return false;
+  for (int i = 0; i < n_segs; ++i)
+    if (segs[i].w.type != type || segs[i].epi != Epilogue::Store || segs[i].w.cols != segs[0].w.cols ||
+        wgmma_operand_bytes(segs[i].w.cols) > extra.wgmma_operand_bytes ||
+        (type == GgmlType::Q6_K && segs[i].w.rows % 4 != 0))
+      return false;
+  return true;
+}
+
+void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                         const KernelStream& s) {
+  if (!matmul_wgmma_takes(segs, n_segs, n_tokens, extra)) fail("decode matmul (wgmma): launch outside its conditions");
+  if (segs[0].w.type == GgmlType::Q4_K)
+    launch_format<Q4K>(segs, n_segs, act_q8, n_tokens, extra, s.stream);
+  else
+    launch_format<Q6K>(segs, n_segs, act_q8, n_tokens, extra, s.stream);
 }
 
 }  // namespace minfer::cuda
