@@ -95,10 +95,33 @@ __device__ __forceinline__ void wgmma_f16_rs(float (&d)[32], const uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 #endif
 }
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
+// L2 policies: the weights pass through once (evict first); a group's operand image is read by
+// every row tile (evict last), so the weights streaming past do not push it out to memory
+// (+0.9 % at x64 depth 70, +1.3 % at depth 0: docs/perf.md, twenty-third session, run 6).
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t policy) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar), "l"(policy)
                : "memory");
+}
+// prefill_mma.cuh's tma_load_2d with an L2 policy.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map, int inner, int outer, uint32_t bar,
+                                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(tensor_map), "r"(inner), "r"(outer), "r"(bar), "l"(policy)
+      : "memory");
 }
 __device__ __forceinline__ uint4 lds128(uint32_t a) {
   uint4 v;
@@ -181,8 +204,9 @@ struct Q4K {
   static CUtensorMap weight_map(const DevMat& m) {
     return byte_map(m, int64_t(m.cols / 256) * kBlockBytes, m.rows, kBlockBytes, kRowsCta);
   }
-  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int /*groups*/, int row0, uint32_t bar) {
-    tma_load_2d(dst, map, g * kBlockBytes, row0, bar);
+  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int /*groups*/, int row0, uint32_t bar,
+                              uint64_t policy) {
+    tma_load_2d(dst, map, g * kBlockBytes, row0, bar, policy);
   }
   __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0, int gq, int tig,
                                     float (&open)[32]);
@@ -205,9 +229,11 @@ struct Q6K {
   // Where block g of row-in-quad r4 starts in its quad's bytes; a box starts at the 16-byte boundary
   // below (the tensor copy's inner coordinate must be 16-byte aligned), the block `lead` bytes in.
   __device__ static int quad_offset(int r4, int g, int groups) { return (r4 * groups + g) * kBlockBytes; }
-  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int groups, int row0, uint32_t bar) {
+  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int groups, int row0, uint32_t bar,
+                              uint64_t policy) {
 #pragma unroll
-    for (int r4 = 0; r4 < 4; ++r4) tma_load_2d(dst + r4 * kBoxBytes, map, quad_offset(r4, g, groups) & ~15, row0 / 4, bar);
+    for (int r4 = 0; r4 < 4; ++r4)
+      tma_load_2d(dst + r4 * kBoxBytes, map, quad_offset(r4, g, groups) & ~15, row0 / 4, bar, policy);
   }
   __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0, int gq, int tig,
                                     float (&open)[32]);
@@ -477,13 +503,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row0 = (int(blockIdx.x) - a.first_tile[seg]) * kRowsCta, rank = kSplit > 1 ? int(blockIdx.y) : 0;
   int n_iter = 0;
   for (int i = 0; i < kL; ++i) n_iter += stream_length(kStreamOrder[rank * kL + i], a.groups);
+  const uint64_t keep = l2_policy_evict_last(), stream_by = l2_policy_evict_first();
   const auto issue = [&](int it) {
     const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
     const uint32_t bar = shared_address(&full[st]), dst = base0 + st * Sh::kStageBytes;
     mbarrier_expect_tx(bar, Fmt::kCopyBytes + Sh::kWeightBytes);
     mbarrier_arrive(bar);
-    bulk_copy(dst, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes, bar);
-    Fmt::load(dst + Sh::kWeightsOffset, &maps.map[seg], g, a.groups, row0, bar);
+    bulk_copy(dst, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes, bar, keep);
+    Fmt::load(dst + Sh::kWeightsOffset, &maps.map[seg], g, a.groups, row0, bar, stream_by);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&full[s]), 1), released[s] = 0;
