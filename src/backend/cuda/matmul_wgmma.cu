@@ -43,8 +43,10 @@
 #include <cooperative_groups.h>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/prefill_mma.cuh"
 #include "backend/cuda/quant_device.cuh"
+#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -415,6 +417,9 @@ constexpr int kBuildTokens = 8, kBuildThreads = kBuildTokens * 16;
 template <class Fmt>
 __global__ void __launch_bounds__(kBuildThreads) build_operand_kernel(Q8Plane plane, int n_tokens, uint8_t* image) {
   const int g = blockIdx.x, n = blockIdx.y * kBuildTokens + threadIdx.x / 16, s = threadIdx.x % 16;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the matmul's CTAs may start now
+#endif
   uint8_t* img = image + size_t(g) * kImageBytes;
   uint32_t packed[8];
 #pragma unroll
@@ -504,21 +509,31 @@ __global__ void __launch_bounds__(kThreads, 1)
   int n_iter = 0;
   for (int i = 0; i < kL; ++i) n_iter += stream_length(kStreamOrder[rank * kL + i], a.groups);
   const uint64_t keep = l2_policy_evict_last(), stream_by = l2_policy_evict_first();
-  const auto issue = [&](int it) {
+  // A stage's copies: the weights (no earlier kernel writes them), then its image.
+  const auto issue_weights = [&](int it) {
     const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
     const uint32_t bar = shared_address(&full[st]), dst = base0 + st * Sh::kStageBytes;
     mbarrier_expect_tx(bar, Fmt::kCopyBytes + Sh::kWeightBytes);
     mbarrier_arrive(bar);
-    bulk_copy(dst, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes, bar, keep);
     Fmt::load(dst + Sh::kWeightsOffset, &maps.map[seg], g, a.groups, row0, bar, stream_by);
+  };
+  const auto issue_image = [&](int it) {
+    const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
+    bulk_copy(base0 + st * Sh::kStageBytes, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes,
+              shared_address(&full[st]), keep);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&full[s]), 1), released[s] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
+  // Launched as the builder's programmatic dependent (launch_format): the first stages' weights
+  // stream in while the builder runs; the image, the residual and the outputs wait for it.
   if (threadIdx.x == 0)
-    for (int it = 0; it < kStages && it < n_iter; ++it) issue(it);
+    for (int it = 0; it < kStages && it < n_iter; ++it) issue_weights(it);
+  await_predecessor();
+  if (threadIdx.x == 0)
+    for (int it = 0; it < kStages && it < n_iter; ++it) issue_image(it);
 
   const int wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, gq = lane >> 2, tig = lane & 3;
   const int rr0 = wg * 64 + 16 * w + gq;  // the CTA rows of fragment rows g (rr0) and g + 8
@@ -541,7 +556,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         released[st] = 0;
         if (it + kStages < n_iter) {
           fence_proxy_async_shared();
-          issue(it + kStages);
+          issue_weights(it + kStages);
+          issue_image(it + kStages);
         }
       }
     }
@@ -630,11 +646,15 @@ void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, cudaStr
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 1, cluster.val.clusterDim.y = kSplit, cluster.val.clusterDim.z = 1;
-  cfg.attrs = &cluster;
-  cfg.numAttrs = kSplit > 1 ? 1 : 0;
+  // After the builder with PDL (MINFER_NO_PDL: without); in clusters of (1, kSplit).
+  static const bool pdl = !env_flag("MINFER_NO_PDL");
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = 1, attrs[1].val.clusterDim.y = kSplit, attrs[1].val.clusterDim.z = 1;
+  cfg.attrs = pdl ? attrs : attrs + 1;
+  cfg.numAttrs = (pdl ? 1 : 0) + (kSplit > 1 ? 1 : 0);
   const cudaError_t e = cudaLaunchKernelEx(&cfg, matmul_wgmma_kernel<Fmt, kSplit>, maps, a);
   if (e != cudaSuccess) fail("decode matmul (wgmma): launch failed: ", cudaGetErrorString(e));
 }
