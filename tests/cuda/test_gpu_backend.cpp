@@ -448,10 +448,11 @@ TEST(GpuBackend, GreedyStreamsDoNotDependOnTheBatch) {
   }
 }
 
-// The q4_K decode matmul on warpgroup MMA (33..64 rows) gives the mma.sync kernel's bits in a whole
-// model: 64 sequences' greedy tokens and first logits with it on every q4_K launch that stores
-// (MINFER_DECODE_WGMMA_MIN_WEIGHTS=0; tiny is q4_K throughout, K of 256 and 768: groups in fewer
-// streams than 8) and with MINFER_NO_DECODE_WGMMA, the prompts cut into chunks beside decode rows.
+// The q4_K / q6_K decode matmul on warpgroup MMA (33..64 rows) gives the mma.sync kernel's bits in
+// a whole model: 64 sequences' greedy tokens and first logits with it on every launch that stores
+// (MINFER_DECODE_WGMMA_MIN_WEIGHTS=0; tiny's Q4_K_M mix is q4_K but for ffn_down in two layers and
+// the output head, q6_K; K of 256 and 768: groups in fewer streams than 8) and with
+// MINFER_NO_DECODE_WGMMA, the prompts cut into chunks beside decode rows.
 TEST(GpuBackend, DecodeWgmmaKeepsTheMmaKernelsBits) {
   MINFER_REQUIRE_GPU();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
