@@ -99,7 +99,7 @@ __device__ __forceinline__ void wgmma_f16_rs(float (&d)[32], const uint32_t (&a)
 }
 // L2 policies: the weights pass through once (evict first); a group's operand image is read by
 // every row tile (evict last), so the weights streaming past do not push it out to memory
-// (+0.9 % at x64 depth 70, +1.3 % at depth 0: docs/perf.md, twenty-third session, run 6).
+// (+0.9 % at x64 depth 70, +1.3 % at depth 0: docs/perf.md, twenty-third session, run 5).
 __device__ __forceinline__ uint64_t l2_policy_evict_first() {
   uint64_t p;
   asm volatile("createpolicy.fractional.L2::evict_first.b64 %0;\n" : "=l"(p));
@@ -168,7 +168,6 @@ __device__ __forceinline__ __half2 splat(uint16_t bits) { return u2h(uint32_t(bi
 constexpr uint16_t kHalf1024 = 0x6400, kHalf1032 = 0x6408, kHalfMinus1024 = 0xE400, kHalfMinus1056 = 0xE420,
                    kHalfMinus64 = 0xD400, kHalf64 = 0x5400, kHalfSixteenth = 0x2C00;
 __device__ __forceinline__ uint32_t word_of(const uint4& q, int w) { return w == 0 ? q.x : w == 1 ? q.y : w == 2 ? q.z : q.w; }
-
 
 // ---- the weight formats ----------------------------------------------------------------------
 // What the kernel asks of a format: kType; kRowBytes, a row's bytes a group in a stage;
