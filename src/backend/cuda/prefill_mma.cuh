@@ -16,16 +16,22 @@ namespace minfer::cuda::prefill_detail {
 // cuTensorMapEncodeTiled, from the driver through the runtime so that nothing links libcuda. A
 // driver without it is an error naming `what` and the opt-out that avoids tensor maps.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* what, const char* opt_out) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+  struct Lookup {
+    PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+    cudaError_t status = cudaSuccess;
+  };
+  static const Lookup lookup = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found{};
     const cudaError_t e =
         cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
     const bool ok = e == cudaSuccess && found == cudaDriverEntryPointSuccess;
-    return ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr;
+    return Lookup{ok ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn) : nullptr, e};
   }();
-  if (!encode) fail(what, ": the driver has no cuTensorMapEncodeTiled; set ", opt_out, "=1");
-  return encode;
+  if (!lookup.encode)
+    fail(what, ": the driver has no cuTensorMapEncodeTiled (", cudaGetErrorString(lookup.status), "); set ", opt_out,
+         "=1");
+  return lookup.encode;
 }
 
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device, set per call (the
