@@ -7,6 +7,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/prefill.h"
+#include "backend/cuda/prefill_mma.cuh"
 #include "backend/cuda/quant_device.cuh"
 #include "sampling/draw_math.h"
 #include "util/error.h"
@@ -993,13 +994,6 @@ struct AttnSimt {
   }
 };
 
-// D += A B on the f16 tensor cores (f32 accumulation).
-__device__ __forceinline__ void mma_f16_k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // The transpose of the 8x8 f16 matrix whose fragment the warp holds (row lane / 4, columns
 // 2 (lane % 4) and + 1).
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
@@ -1099,8 +1093,8 @@ struct AttnMma {
       const uint32_t a[4] = {word(r.k[0], 2 * ks), word(r.k[1], 2 * ks), word(r.k[0], 2 * ks + 1),
                              word(r.k[1], 2 * ks + 1)};
       const uint4 q = sh.q[ks][gid * 4 + tid];
-      mma_f16_k16(s, a, q.x, q.y);
-      mma_f16_k16(s, a, q.z, q.w);
+      prefill_detail::mma_f16(s, a, q.x, q.y);
+      prefill_detail::mma_f16(s, a, q.z, q.w);
     }
     if (base + gid >= end) s[0] = s[1] = -INFINITY;
     if (base + gid + 8 >= end) s[2] = s[3] = -INFINITY;
@@ -1134,8 +1128,8 @@ struct AttnMma {
                              __byte_perm(word(r.v[0], w1), word(r.v[1], w1), sel),
                              __byte_perm(word(r.v[2], w0), word(r.v[3], w0), sel),
                              __byte_perm(word(r.v[2], w1), word(r.v[3], w1), sel)};
-      mma_f16_k16(acc[mt], a, hi[0], hi[1]);
-      mma_f16_k16(acc[mt], a, lo[0], lo[1]);
+      prefill_detail::mma_f16(acc[mt], a, hi[0], hi[1]);
+      prefill_detail::mma_f16(acc[mt], a, lo[0], lo[1]);
     }
   }
   __device__ void stash(AttnStash<HD, G>& st, int warp, int n_heads) {

@@ -205,8 +205,8 @@ struct MatVecExtra {
 // quant/canonical_dot.h, docs/10-batching.md): one float term per 256-column group (formed from
 // exact integer sums, which needs the q8 plane's one scale per group); groups g go to stream
 // g % 8, each stream summed in order; a tree over the 8 streams; + bias; + residual. The kernels
-// below (and the q4_K / q6_K warpgroup-MMA kernel) follow it, so for these types they give the same bits
-// for any token count.
+// below (and the q4_K / q6_K warpgroup-MMA kernel) follow it, so for these types they give the
+// same bits for any token count.
 bool matmul_mma_supports(GgmlType t);
 // Warp-per-row-pair kernel (dp4a): up to kMaxMatSegs weight matrices in one launch (q/k/v, gate/up),
 // tokens in launches of 8. Activations: the q8 plane's tokens 0..n_tokens-1 for quantized weights,

@@ -1,5 +1,5 @@
-// Tensor-core and async-copy primitives shared by the Hopper kernels (internal to prefill_*.cu and
-// matmul_wgmma.cu).
+// Tensor-core and async-copy primitives shared by the Hopper kernels (internal to prefill_*.cu,
+// matmul_wgmma.cu and the decode attention in kernels.cu).
 #pragma once
 #include <cstdint>
 

@@ -400,8 +400,6 @@ __device__ __forceinline__ size_t kv_index(const KvLayer& kv, int r, int slot) {
   return size_t(slot) * kv.n_kv_heads * kv.head_dim + r;
 }
 
-// The segment epilogue of one output pair (r0, r1) of token t: bias, residual, then the store
-// (or rope, or KV cache write). v1 is ignored when !has_r1. Shared with the tensor-core kernel.
 // Output r (at out index o = t * ld_out + r) before its store: + bias, then + residual (the
 // canonical order's last steps).
 __device__ __forceinline__ float with_bias_residual(const MatSeg& seg, int r, size_t o, float v) {
@@ -410,6 +408,8 @@ __device__ __forceinline__ float with_bias_residual(const MatSeg& seg, int r, si
   return v;
 }
 
+// The segment epilogue of one output pair (r0, r1) of token t: bias, residual, then the store
+// (or rope, or KV cache write). v1 is ignored when !has_r1. Shared with the tensor-core kernel.
 __device__ __forceinline__ void store_pair(const MatSeg& seg, const MatVecExtra& extra, int t, int r0, int r1,
                                            int rope_j, bool has_r1, float v0, float v1) {
   const size_t o = size_t(t) * seg.ld_out;
