@@ -110,7 +110,8 @@ __device__ __forceinline__ uint64_t l2_policy_evict_last() {
   asm volatile("createpolicy.fractional.L2::evict_last.b64 %0;\n" : "=l"(p));
   return p;
 }
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar, uint64_t policy) {
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                          uint64_t policy) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
                " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar), "l"(policy)
@@ -167,7 +168,13 @@ __device__ __forceinline__ __half2 u2h(uint32_t u) { return *reinterpret_cast<__
 __device__ __forceinline__ __half2 splat(uint16_t bits) { return u2h(uint32_t(bits) * 0x10001u); }
 constexpr uint16_t kHalf1024 = 0x6400, kHalf1032 = 0x6408, kHalfMinus1024 = 0xE400, kHalfMinus1056 = 0xE420,
                    kHalfMinus64 = 0xD400, kHalf64 = 0x5400, kHalfSixteenth = 0x2C00;
-__device__ __forceinline__ uint32_t word_of(const uint4& q, int w) { return w == 0 ? q.x : w == 1 ? q.y : w == 2 ? q.z : q.w; }
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int w) {
+  return w == 0 ? q.x : w == 1 ? q.y : w == 2 ? q.z : q.w;
+}
+// (1024 + x, 1024 + x) for byte b of w, exact f16 integers: one PRMT under the exponent of 1024.
+__device__ __forceinline__ __half2 splat_byte_1024(uint32_t w, uint32_t b) {
+  return u2h(__byte_perm(w, 0x64u, b | 0x40u | (b << 8) | 0x4000u));
+}
 
 // ---- the weight formats ----------------------------------------------------------------------
 // What the kernel asks of a format: kType; kRowBytes, a row's bytes a group in a stage;
@@ -265,8 +272,7 @@ __device__ __forceinline__ void Q4K::accumulate(uint32_t base, uint32_t weights,
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const uint32_t b = first_byte + h;
-        const uint32_t x = __byte_perm(c ? k.sc_hi : k.sc_lo, 0x64u, b | 0x40u | (b << 8) | 0x4000u);  // 1024 + sc
-        const __half2 sc = __hsub2(u2h(x), splat(kHalf1024));
+        const __half2 sc = __hsub2(splat_byte_1024(c ? k.sc_hi : k.sc_lo, b), splat(kHalf1024));
         mul[r][c][h] = h2u(h ? __hmul2(sc, splat(kHalfSixteenth)) : sc);
         add[r][c][h] = h2u(__hmul2(sc, splat(h ? kHalfMinus64 : kHalfMinus1024)));
       }
@@ -345,7 +351,8 @@ __device__ __forceinline__ void Q6K::accumulate(uint32_t base, uint32_t weights,
   for (int r = 0; r < 2; ++r) {
     row[r] = weights + (rr0 + 8 * r) * kRowBytes + lead;
     const uint32_t sc_lo = lds32(row[r] + 192 + 8 * n), sc_hi = lds32(row[r] + 196 + 8 * n);
-    const uint32_t s4 = __byte_perm(sc_lo, sc_hi, is ? 0x7531u : 0x6420u);  // byte j: sc of sub-block j (scale is + 2 j)
+    // byte j: the scale of sub-block j (scale is + 2 j of the half)
+    const uint32_t s4 = __byte_perm(sc_lo, sc_hi, is ? 0x7531u : 0x6420u);
     lo4[r] = s4 & 0x0F0F0F0Fu;
     hi4[r] = ((s4 >> 4) & 0x0F0F0F0Fu) ^ 0x08080808u;  // hi + 8
     d[r] = __low2float(u2h(lds32(row[r] + 208)));
@@ -367,9 +374,8 @@ __device__ __forceinline__ void Q6K::accumulate(uint32_t base, uint32_t weights,
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const uint32_t sel = uint32_t(j) | 0x40u | (uint32_t(j) << 8) | 0x4000u;
-      const __half2 lo = __hsub2(u2h(__byte_perm(lo4[r], 0x64u, sel)), splat(kHalf1024));
-      const __half2 hi = __hsub2(u2h(__byte_perm(hi4[r], 0x64u, sel)), splat(kHalf1032));
+      const __half2 lo = __hsub2(splat_byte_1024(lo4[r], j), splat(kHalf1024));
+      const __half2 hi = __hsub2(splat_byte_1024(hi4[r], j), splat(kHalf1032));
       const __half2 add_lo = __hmul2(lo, splat(kHalfMinus1056)), add_hi = __hmul2(hi, splat(kHalfMinus1056));
       const uint32_t ql = row[r] + 16 * (4 * n + 2 * (j & 1) + is);  // ql[64 n + 32 (j & 1) + 16 is ..]
 #pragma unroll
@@ -508,16 +514,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   int n_iter = 0;
   for (int i = 0; i < kL; ++i) n_iter += stream_length(kStreamOrder[rank * kL + i], a.groups);
   const uint64_t keep = l2_policy_evict_last(), stream_by = l2_policy_evict_first();
-  // A stage's copies: the weights (no earlier kernel writes them), then its image.
-  const auto issue_weights = [&](int it) {
-    const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
+  // A stage's copies of iteration it (group g): the weights (no earlier kernel writes them), then
+  // its image.
+  const auto issue_weights = [&](int it, int g) {
+    const int st = it % kStages;
     const uint32_t bar = shared_address(&full[st]), dst = base0 + st * Sh::kStageBytes;
     mbarrier_expect_tx(bar, Fmt::kCopyBytes + Sh::kWeightBytes);
     mbarrier_arrive(bar);
     Fmt::load(dst + Sh::kWeightsOffset, &maps.map[seg], g, a.groups, row0, bar, stream_by);
   };
-  const auto issue_image = [&](int it) {
-    const int g = group_at<kL>(it, rank, a.groups), st = it % kStages;
+  const auto issue_image = [&](int it, int g) {
+    const int st = it % kStages;
     bulk_copy(base0 + st * Sh::kStageBytes, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes,
               shared_address(&full[st]), keep);
   };
@@ -529,10 +536,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Launched as the builder's programmatic dependent (launch_format): the first stages' weights
   // stream in while the builder runs; the image, the residual and the outputs wait for it.
   if (threadIdx.x == 0)
-    for (int it = 0; it < kStages && it < n_iter; ++it) issue_weights(it);
+    for (int it = 0; it < kStages && it < n_iter; ++it) issue_weights(it, group_at<kL>(it, rank, a.groups));
   await_predecessor();
   if (threadIdx.x == 0)
-    for (int it = 0; it < kStages && it < n_iter; ++it) issue_image(it);
+    for (int it = 0; it < kStages && it < n_iter; ++it) issue_image(it, group_at<kL>(it, rank, a.groups));
 
   const int wg = threadIdx.x / 128, w = threadIdx.x / 32 % 4, lane = threadIdx.x % 32, gq = lane >> 2, tig = lane & 3;
   const int rr0 = wg * 64 + 16 * w + gq;  // the CTA rows of fragment rows g (rr0) and g + 8
@@ -555,8 +562,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         released[st] = 0;
         if (it + kStages < n_iter) {
           fence_proxy_async_shared();
-          issue_weights(it + kStages);
-          issue_image(it + kStages);
+          const int g_next = group_at<kL>(it + kStages, rank, a.groups);
+          issue_weights(it + kStages, g_next);
+          issue_image(it + kStages, g_next);
         }
       }
     }
