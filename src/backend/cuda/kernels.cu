@@ -1160,7 +1160,7 @@ template <typename Body>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
   await_predecessor();
   constexpr int HD = Body::kHeadDim, G = Body::kHeads, PW = Body::kPositions, NW = kAttnWarps;
-  __shared__ AttnStash<HD, G> st;
+  __shared__ __align__(16) AttnStash<HD, G> st;
   __shared__ typename Body::Shared sh;
   const int kvh = blockIdx.x / head_chunks, t = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -1220,24 +1220,29 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
     }
     body.stash(st, warp, n_heads);
     __syncthreads();
-    // partial layout: [t][q head][split] x HD acc, then (m, l) pairs in a second array
-    for (int i = threadIdx.x; i < n_heads * HD; i += NW * 32) {
-      const int h = i / HD, d = i % HD;
+    // partial layout: [t][q head][split] x HD acc, then (m, l) pairs in a second array. A thread
+    // merges four dims of one head (a warp covers whole heads at head_dim 128), the warps' terms
+    // in warp order with one fma each, as the combine merges slices.
+    constexpr int V = HD / 4;
+    for (int i = threadIdx.x; i < n_heads * V; i += NW * 32) {
+      const int h = i / V, d = 4 * (i % V);
       float mx = -INFINITY;
 #pragma unroll
       for (int w = 0; w < NW; ++w) mx = fmaxf(mx, st.m[w][h]);
-      float a = 0.0f, sum = 0.0f;
+      float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float sum = 0.0f;
       if (mx > -INFINITY) {
 #pragma unroll
         for (int w = 0; w < NW; ++w) {
           if (st.l[w][h] == 0.0f) continue;  // a warp that saw no position
           const float f = exp2f(st.m[w][h] - mx);
-          a += st.acc[w][h][d] * f;
-          sum += st.l[w][h] * f;
+          const float4 x = *reinterpret_cast<const float4*>(&st.acc[w][h][d]);
+          a = make_float4(fmaf(x.x, f, a.x), fmaf(x.y, f, a.y), fmaf(x.z, f, a.z), fmaf(x.w, f, a.w));
+          sum = fmaf(st.l[w][h], f, sum);
         }
       }
       const size_t idx = (size_t(t) * p.n_head + qh0 + h) * p.n_splits + split;
-      part_acc[idx * HD + d] = a;
+      *reinterpret_cast<float4*>(part_acc + idx * HD + d) = a;
       if (d == 0) {
         part_ml[2 * idx] = mx;
         part_ml[2 * idx + 1] = sum;
