@@ -527,7 +527,7 @@ struct CudaBackend::Impl {
     const Node& node = graph.nodes[size_t(std::max(l.node, 0))];
     const auto [row0, count] = rows_of(l, geo);
     if (count == 0) return;
-    const KernelStream s{stream.get(), f.pdl && geo.n <= kPdlMaxRows};
+    const KernelStream s{stream.get(), f.pdl && geo.n <= kPdlMaxRows, f.pdl};
     const int64_t w_out = l.out >= 0 ? width(l.out) : 0, w_in = l.in >= 0 ? width(l.in) : 0;
     switch (l.kind) {
       case LaunchKind::Embed:

@@ -13,11 +13,16 @@
 namespace minfer::cuda {
 
 // Where a launcher enqueues its kernels, and whether they may use Programmatic Dependent Launch
-// (start while the kernel before them drains; launch.cuh). MINFER_NO_PDL turns it off.
+// (start while the kernel before them drains; launch.cuh). `pdl`: a launch's first kernel after
+// the stream's previous one (the backend allows it for small steps only); `pdl_within`: a
+// launcher's kernel after another kernel of the same launch (the wgmma matmul after its operand
+// builder), at any step size. MINFER_NO_PDL (Fusions::pdl) turns both off.
 struct KernelStream {
   cudaStream_t stream = nullptr;
   bool pdl = false;
-  KernelStream(cudaStream_t s = nullptr, bool allow_pdl = false) : stream(s), pdl(allow_pdl) {}
+  bool pdl_within = true;
+  KernelStream(cudaStream_t s = nullptr, bool allow_pdl = false, bool allow_pdl_within = true)
+      : stream(s), pdl(allow_pdl), pdl_within(allow_pdl_within) {}
 };
 
 // A weight matrix on the device, rows x cols, in its device layout (every kernel, the prefill GEMM

@@ -46,7 +46,6 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/prefill_mma.cuh"
 #include "backend/cuda/quant_device.cuh"
-#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -477,7 +476,6 @@ __device__ __forceinline__ int group_at(int it, int rank, int groups) {
   return -1;
 }
 
-
 // The CTA's shared memory: stages (the group's image, then its weights), the finished streams'
 // slots, as many stages as fit up to 4.
 template <class Fmt, int kSplit>
@@ -645,16 +643,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <class Fmt, int kSplit>
-void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, cudaStream_t stream) {
+void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, const KernelStream& s) {
   constexpr int smem = Shape<Fmt, kSplit>::kSmemBytes;
   reserve_dynamic_shared_memory(matmul_wgmma_kernel<Fmt, kSplit>, smem, "decode matmul (wgmma)");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(unsigned(tiles), kSplit);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  // After the builder with PDL (MINFER_NO_PDL: without); in clusters of (1, kSplit).
-  static const bool pdl = !env_flag("MINFER_NO_PDL");
+  cfg.stream = s.stream;
+  // After the builder with PDL (s.pdl_within); in clusters of (1, kSplit).
+  const bool pdl = s.pdl_within;
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
@@ -668,7 +666,7 @@ void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, cudaStr
 
 template <class Fmt>
 void launch_format(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
-                   cudaStream_t stream) {
+                   const KernelStream& s) {
   WeightMaps maps{};
   WgmmaArgs a{};
   int tiles = 0;
@@ -684,17 +682,17 @@ void launch_format(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_
   a.groups = segs[0].w.cols / 256;
   a.image = extra.wgmma_operand;
   const dim3 build_grid(unsigned(a.groups), kTokens / kBuildTokens);
-  build_operand_kernel<Fmt><<<build_grid, kBuildThreads, 0, stream>>>(act_q8, n_tokens, extra.wgmma_operand);
+  build_operand_kernel<Fmt><<<build_grid, kBuildThreads, 0, s.stream>>>(act_q8, n_tokens, extra.wgmma_operand);
   // Split a tile's streams over a cluster where the tiles alone would leave most SMs idle
   // (7B: gate/up's 296 tiles run whole, the 28 tiles of a 3584-row matrix in clusters of 4).
   if (tiles >= 100)
-    launch_split<Fmt, 1>(maps, a, tiles, stream);
+    launch_split<Fmt, 1>(maps, a, tiles, s);
   else if (tiles >= 50)
-    launch_split<Fmt, 2>(maps, a, tiles, stream);
+    launch_split<Fmt, 2>(maps, a, tiles, s);
   else if (tiles >= 25)
-    launch_split<Fmt, 4>(maps, a, tiles, stream);
+    launch_split<Fmt, 4>(maps, a, tiles, s);
   else
-    launch_split<Fmt, 8>(maps, a, tiles, stream);
+    launch_split<Fmt, 8>(maps, a, tiles, s);
 }
 
 }  // namespace
@@ -717,9 +715,9 @@ void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, 
                          const KernelStream& s) {
   if (!matmul_wgmma_takes(segs, n_segs, n_tokens, extra)) fail("decode matmul (wgmma): launch outside its conditions");
   if (segs[0].w.type == GgmlType::Q4_K)
-    launch_format<Q4K>(segs, n_segs, act_q8, n_tokens, extra, s.stream);
+    launch_format<Q4K>(segs, n_segs, act_q8, n_tokens, extra, s);
   else
-    launch_format<Q6K>(segs, n_segs, act_q8, n_tokens, extra, s.stream);
+    launch_format<Q6K>(segs, n_segs, act_q8, n_tokens, extra, s);
 }
 
 }  // namespace minfer::cuda
