@@ -1252,26 +1252,33 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   }
 }
 
-// One block per (G q heads, token): each head's splits' (m, l) pairs are staged in shared memory
-// and turned into weights in parallel, then thread d of the head's HD sums dim d over the splits
-// with independent loads. G = 256 / HD with the q8 epilogue: the block's heads are one 256-column
-// group of the q8 plane, which warp 0 quantizes from shared memory (quantize_q8_group_values, the
-// standalone quantize's bits) for the o-projection's decode matmul.
-// REQUIRES: blockDim.x == G * HD; gridDim.x * G == n_head; 2 * G * n_splits floats of dynamic
+// One block per (G q heads, token), HD / 2 threads a head: each head's splits' (m, l) pairs are
+// staged in shared memory and turned into weights in parallel, then thread i of the head sums dims
+// 2i and 2i + 1 over the splits with independent loads (at a dim a thread the 7B's 64-token step
+// needed 1.7 waves of blocks; two dims a thread fit one). The first kAhead splits' partials are
+// loaded with the (m, l) pairs, so their round trip overlaps the weights'. G = 256 / HD with the
+// q8 epilogue: the block's heads are one 256-column group of the q8 plane, which warp 0 quantizes
+// from shared memory (quantize_q8_group_values, the standalone quantize's bits) for the
+// o-projection's decode matmul.
+// REQUIRES: blockDim.x == G * HD / 2; gridDim.x * G == n_head; 2 * G * n_splits floats of dynamic
 // shared memory; p.q8_rows > 0 only with G * HD == 256.
 template <int HD, int G>
 __global__ void attn_combine_kernel(const AttnParams p) {
   await_predecessor();
   extern __shared__ float ml[];  // a head's m (then the weight) of each split, then l of each split
-  const int head = threadIdx.x / HD, tid = threadIdx.x % HD;
+  constexpr int T = HD / 2, kAhead = 4;
+  const int head = threadIdx.x / T, tid = threadIdx.x % T;
   const int qh = blockIdx.x * G + head, t = blockIdx.y;
   const int len = p.positions[t] + 1;
   const int S = attn_splits_used(len, p.n_splits, HD);
   float *w_s = ml + 2 * head * p.n_splits, *l_s = w_s + S;
-  const float* part_acc = p.part;
   const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
   const size_t base = (size_t(t) * p.n_head + qh) * p.n_splits;
-  for (int s = tid; s < S; s += HD) {
+  const float2* acc = reinterpret_cast<const float2*>(p.part + base * HD) + tid;  // split s at acc[s T]
+  float2 ahead[kAhead];
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s) ahead[s] = s < S ? acc[s * T] : make_float2(0.0f, 0.0f);
+  for (int s = tid; s < S; s += T) {
     w_s[s] = part_ml[2 * (base + s)];
     l_s[s] = part_ml[2 * (base + s) + 1];
   }
@@ -1280,24 +1287,29 @@ __global__ void attn_combine_kernel(const AttnParams p) {
   for (int s = 0; s < S; ++s)
     if (l_s[s] > 0.0f) mx = fmaxf(mx, w_s[s]);
   __syncthreads();  // every thread has its max before m turns into the weight
-  for (int s = tid; s < S; s += HD) w_s[s] = l_s[s] > 0.0f ? exp2f(w_s[s] - mx) : 0.0f;
+  for (int s = tid; s < S; s += T) w_s[s] = l_s[s] > 0.0f ? exp2f(w_s[s] - mx) : 0.0f;
   __syncthreads();
-  const float* acc = part_acc + base * HD + tid;
-  float num = 0.0f, den = 0.0f;
-#pragma unroll 8
-  for (int s = 0; s < S; ++s) {
+  float2 num = make_float2(0.0f, 0.0f);
+  float den = 0.0f;
+  const auto add = [&](int s, float2 x) {  // splits in order: the same sums at any kAhead
     den = fmaf(l_s[s], w_s[s], den);
-    num = fmaf(acc[size_t(s) * HD], w_s[s], num);
-  }
-  const float out = num / den;
-  p.out[size_t(t) * p.n_head * HD + qh * HD + tid] = out;
+    num = make_float2(fmaf(x.x, w_s[s], num.x), fmaf(x.y, w_s[s], num.y));
+  };
+#pragma unroll
+  for (int s = 0; s < kAhead; ++s)
+    if (s < S) add(s, ahead[s]);
+#pragma unroll 8
+  for (int s = kAhead; s < S; ++s) add(s, acc[size_t(s) * T]);
+  const float2 out = make_float2(num.x / den, num.y / den);
+  reinterpret_cast<float2*>(p.out + size_t(t) * p.n_head * HD + size_t(qh) * HD)[tid] = out;
   if constexpr (G * HD == 256) {
-    __shared__ __align__(16) float group[256];
+    __shared__ __align__(16) float2 group[128];
     if (t < p.q8_rows) {  // uniform over the block
       group[threadIdx.x] = out;
       __syncthreads();
       if (threadIdx.x < 32)
-        quantize_q8_group_member(group + 32 * threadIdx.x, p.q8, t, blockIdx.x * 8 + int(threadIdx.x), threadIdx.x < 8);
+        quantize_q8_group_member(reinterpret_cast<const float*>(group) + 32 * threadIdx.x, p.q8, t,
+                                 blockIdx.x * 8 + int(threadIdx.x), threadIdx.x < 8);
     }
   }
 }
@@ -1356,11 +1368,11 @@ static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
     constexpr int G = 256 / HD;
     if (p.n_head % G != 0) fail("attention: a q8 plane of ", p.n_head, " heads of ", HD, " is not whole 256-column groups");
     if (p.q8.n_blocks != p.n_head * HD / 32) fail("attention: the q8 plane is ", 32 * p.q8.n_blocks, " columns wide");
-    launch_kernel("attention", attn_combine_kernel<HD, G>, dim3(p.n_head / G, p.n_tokens), 256,
+    launch_kernel("attention", attn_combine_kernel<HD, G>, dim3(p.n_head / G, p.n_tokens), G * HD / 2,
                   2 * G * p.n_splits * sizeof(float), s, p);
     return;
   }
-  launch_kernel("attention", attn_combine_kernel<HD, 1>, dim3(p.n_head, p.n_tokens), HD, 2 * p.n_splits * sizeof(float),
+  launch_kernel("attention", attn_combine_kernel<HD, 1>, dim3(p.n_head, p.n_tokens), HD / 2, 2 * p.n_splits * sizeof(float),
                 s, p);
 }
 
