@@ -313,6 +313,7 @@ Fusions Fusions::from_env() {
   f.concurrent_gemms = !env_flag("MINFER_NO_CONCURRENT_GEMMS");
   f.fused_residual = !env_flag("MINFER_NO_FUSED_RESIDUAL");
   f.pdl = !env_flag("MINFER_NO_PDL");
+  f.operand_image = !env_flag("MINFER_NO_OPERAND_IMAGE_FUSE");
   f.batch_invariant = !env_flag("MINFER_NONDETERMINISTIC");
   return f;
 }
@@ -320,7 +321,7 @@ Fusions Fusions::from_env() {
 Fusions Fusions::none() {
   Fusions f;
   f.decode_a_fuse = f.attention_q8 = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu =
-      f.fused_rope_kv = f.concurrent_gemms = f.fused_residual = f.pdl = false;
+      f.fused_rope_kv = f.concurrent_gemms = f.fused_residual = f.pdl = f.operand_image = false;
   return f;
 }
 

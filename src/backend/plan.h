@@ -27,6 +27,9 @@ struct Fusions {
   bool concurrent_gemms = true;  // MINFER_NO_CONCURRENT_GEMMS: q/k/v GEMMs of two types on two streams
   bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
   bool pdl = true;             // MINFER_NO_PDL: each kernel starts only after the one before it ends
+  // MINFER_NO_OPERAND_IMAGE_FUSE: the wgmma decode matmul builds its operand image in a launch of
+  // its own instead of the q8 plane's producer writing it (CUDA backend)
+  bool operand_image = true;
   // MINFER_NONDETERMINISTIC: plan the prompt GEMM's K split for each launch's own token count
   // (otherwise for a fixed count, so a token's bits do not depend on the batch around it).
   bool batch_invariant = true;

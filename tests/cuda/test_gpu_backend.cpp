@@ -396,7 +396,7 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   std::vector<std::pair<std::string, Fusions>> variants;
   for (const char* name :
        {"decode_a_fuse", "attention_q8", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu",
-        "fused_rope_kv", "concurrent_gemms", "fused_residual", "pdl"}) {
+        "fused_rope_kv", "concurrent_gemms", "fused_residual", "pdl", "operand_image"}) {
     Fusions f;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
     if (!std::strcmp(name, "attention_q8")) f.attention_q8 = false;
@@ -409,6 +409,7 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
     if (!std::strcmp(name, "concurrent_gemms")) f.concurrent_gemms = false;
     if (!std::strcmp(name, "fused_residual")) f.fused_residual = false;
     if (!std::strcmp(name, "pdl")) f.pdl = false;
+    if (!std::strcmp(name, "operand_image")) f.operand_image = false;
     variants.emplace_back(std::string("no_") + name, f);
   }
   variants.emplace_back("none", Fusions::none());
@@ -451,24 +452,30 @@ TEST(GpuBackend, GreedyStreamsDoNotDependOnTheBatch) {
 // The q4_K / q6_K decode matmul on warpgroup MMA (33..64 rows) gives the mma.sync kernel's bits in
 // a whole model: 64 sequences' greedy tokens and first logits with it on every launch that stores
 // (MINFER_DECODE_WGMMA_MIN_WEIGHTS=0; tiny's Q4_K_M mix is q4_K but for ffn_down in two layers and
-// the output head, q6_K; K of 256 and 768: groups in fewer streams than 8) and with
+// the output head, q6_K; K of 256 and 768: groups in fewer streams than 8), its operand image
+// written by rms_norm / swiglu or (MINFER_NO_OPERAND_IMAGE_FUSE) by its own builder, and with
 // MINFER_NO_DECODE_WGMMA, the prompts cut into chunks beside decode rows.
 TEST(GpuBackend, DecodeWgmmaKeepsTheMmaKernelsBits) {
   MINFER_REQUIRE_GPU();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "needs an sm_90 device";
   const Synth& s = synth_model("tiny");
   const auto prompts = test::random_prompts(64, 1, 40, s.model.hp.n_vocab, 22);
-  const auto run = [&](const char* name, const char* value) {
-    setenv(name, value, 1);
+  using Env = std::vector<std::pair<const char*, const char*>>;
+  const auto run = [&](const Env& env) {
+    for (const auto& [name, value] : env) setenv(name, value, 1);
     auto streams = test::greedy_together(s.model, gpu_backend(), prompts, 12, 64, 96);
-    unsetenv(name);
+    for (const auto& [name, value] : env) unsetenv(name);
     return streams;
   };
-  const auto wgmma = run("MINFER_DECODE_WGMMA_MIN_WEIGHTS", "0"), mma = run("MINFER_NO_DECODE_WGMMA", "1");
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_EQ(wgmma[i].tokens, mma[i].tokens) << "prompt " << i;
-    ASSERT_EQ(std::memcmp(wgmma[i].first_logits.data(), mma[i].first_logits.data(), mma[i].first_logits.size() * 4), 0)
-        << "prompt " << i;
+  const auto mma = run({{"MINFER_NO_DECODE_WGMMA", "1"}});
+  for (const Env& env : {Env{{"MINFER_DECODE_WGMMA_MIN_WEIGHTS", "0"}},
+                         Env{{"MINFER_DECODE_WGMMA_MIN_WEIGHTS", "0"}, {"MINFER_NO_OPERAND_IMAGE_FUSE", "1"}}}) {
+    const auto wgmma = run(env);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      ASSERT_EQ(wgmma[i].tokens, mma[i].tokens) << "prompt " << i << ", " << env.size() << " variables set";
+      ASSERT_EQ(std::memcmp(wgmma[i].first_logits.data(), mma[i].first_logits.data(), mma[i].first_logits.size() * 4), 0)
+          << "prompt " << i << ", " << env.size() << " variables set";
+    }
   }
 }
 

@@ -197,6 +197,49 @@ TEST(GpuKernels, SwigluFusedQuantizeEqualsStandalone) {
   }
 }
 
+// The wgmma decode matmul's operand image as rms_norm and swiglu write it beside their q8 plane is
+// the image the matmul's own builder writes from that plane: both formats, 40 and 64 token rows,
+// rms_norm's row kernel and (a row stride that is no multiple of 4) its generic kernel, which
+// leaves the image to the builder. Both images start zeroed (the builder writes zeros in the token
+// rows past its count; a q6_K image has no digits).
+TEST(GpuKernels, ProducersWriteTheBuildersOperandImage) {
+  MINFER_REQUIRE_GPU();
+  for (int rows : {40, 64})
+    for (cuda::OperandFormat format : {cuda::OperandFormat::Q4K, cuda::OperandFormat::Q6K}) {
+      const auto check = [&](const char* producer, int width, const auto& produce) {
+        const size_t bytes = size_t(cuda::wgmma_operand_bytes(width));
+        DeviceBuffer<uint8_t> fused(std::vector<uint8_t>(bytes, 0)), built(std::vector<uint8_t>(bytes, 0));
+        DevicePlane q(rows, width);
+        produce(q.plane, cuda::OperandImage{fused.get(), format});
+        cuda::launch_build_operand_image(q.plane, rows, width, {built.get(), format}, nullptr);
+        const auto f = fused.download(), b = built.download();
+        ASSERT_TRUE(std::any_of(b.begin(), b.end(), [](uint8_t x) { return x != 0; })) << producer;
+        ASSERT_EQ(std::memcmp(f.data(), b.data(), bytes), 0)
+            << producer << " width " << width << " rows " << rows << " format " << int(format);
+      };
+      for (int width : {3584, 5120})
+        for (int pad : {4, 1}) {
+          const int ld_x = width + pad;
+          const auto x = random_normal(size_t(rows) * size_t(ld_x), 2.0f, 8 + uint64_t(width));
+          const auto w = random_normal(size_t(width), 1.0f, 9 + uint64_t(width));
+          DeviceBuffer<float> dx(x), dw(w), y(size_t(rows) * size_t(width));
+          check(pad == 4 ? "rms_norm rows" : "rms_norm generic", width,
+                [&](const cuda::Q8Plane& plane, const cuda::OperandImage& image) {
+                  cuda::launch_rms_norm(dx.get(), ld_x, dw.get(), y.get(), width, rows, width, 0, 1e-6f, plane, rows,
+                                        nullptr, nullptr, image);
+                });
+        }
+      for (int width : {4864, 18944}) {
+        const size_t n = size_t(rows) * size_t(width);
+        const auto g = random_normal(n, 2.0f, 10 + uint64_t(width)), u = random_normal(n, 1.0f, 11 + uint64_t(width));
+        DeviceBuffer<float> dg(g), du(u), y(n);
+        check("swiglu", width, [&](const cuda::Q8Plane& plane, const cuda::OperandImage& image) {
+          cuda::launch_swiglu(dg.get(), du.get(), y.get(), rows, width, plane, rows, nullptr, nullptr, image);
+        });
+      }
+    }
+}
+
 // Rows whose blocks are not whole (a short last block) or not 16-byte aligned take the scalar path.
 TEST(GpuKernels, SwigluOddWidthsMatchDoubleReference) {
   MINFER_REQUIRE_GPU();

@@ -30,9 +30,11 @@ int mma_min_rows() {
 
 namespace {
 
-// The wgmma decode matmul first builds its operand image in a launch of its own (≈ 4 µs); on a
-// 3584 x 3584 matrix at 64 tokens the kernel alone saves ≈ 2 µs (16.0 against 18.3), so only
-// launches of at least this many weights take it (7B: gate/up, ffn_down and the output head).
+// The wgmma decode matmul builds its operand image in a launch of its own (≈ 4 µs) unless the
+// plane's producer wrote it (rms_norm, swiglu: Fusions::operand_image); on a 3584 x 3584 matrix
+// at 64 tokens the kernel alone saves ≈ 2 µs (16.0 against 18.3), and o_proj's plane comes from
+// the attention combine (no image), so only launches of at least this many weights take it (7B:
+// gate/up, ffn_down and the output head).
 // MINFER_DECODE_WGMMA_MIN_WEIGHTS overrides it (the tests run the kernel on small models).
 int64_t decode_wgmma_min_weights() {
   const char* v = std::getenv("MINFER_DECODE_WGMMA_MIN_WEIGHTS");
@@ -43,10 +45,11 @@ int64_t decode_wgmma_min_weights() {
 // invariance); 512 is the default step size, where the split was tuned (docs/08).
 constexpr int kGemmPlanTokens = 512;
 
-// Kernels start with PDL in steps of up to this many rows, where the tensor-core matmul runs one
-// token fragment (measured against MINFER_NO_PDL on two machines: +1.5-4.6 % at one sequence,
-// +3.5-6.6 % at 8; at 32 +0.7 % and -1.6 %, at 64 -2.4 %: there the CTAs fill every SM anyway).
-constexpr int kPdlMaxRows = 8;
+// Kernels start with PDL in steps of up to this many rows: below the warpgroup-MMA matmul's 33.
+// Measured against MINFER_NO_PDL: +1.5-4.6 % at one sequence, +3.5-6.6 % at 8; against a limit
+// of 8 (docs/perf.md, twenty-fifth session, run 6): +2.0 % at 32 rows, +2.8 % at 16, and -3.1 % at
+// 64 with the limit at 64, where the matmul's CTAs launched early hold SMs the kernel before needs.
+constexpr int kPdlMaxRows = 32;
 
 // Decode-only steps are captured per bucket: the row count padded up to the next bucket.
 int bucket_rows(int rows) {
@@ -248,7 +251,11 @@ struct CudaBackend::Impl {
     attn_part = DeviceArray<float>(size_t(
         attention_workspace_floats(output_capacity(max_tokens, max_outputs), hp.n_head, hp.head_dim, decode_splits)));
     gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
-    if (decode_wgmma) wgmma_operand = DeviceArray<uint8_t>(size_t(wgmma_operand_bytes(int(planes))));
+    if (decode_wgmma) {
+      wgmma_operand = DeviceArray<uint8_t>(size_t(wgmma_operand_bytes(int(planes))));
+      // A producer writes only its rows: the others stay finite (they reach no stored output)
+      check(cudaMemset(wgmma_operand.get(), 0, wgmma_operand.size()), "cudaMemset (operand image)");
+    }
     d_rows = DeviceArray<int32_t>(6 * size_t(max_tokens));
     argmax_candidates = DeviceArray<ArgmaxCandidate>(size_t(max_tokens) * kArgmaxSlices);
     d_chunks = DeviceArray<int32_t>(4 * size_t(max_tokens) + 2 * 2 * size_t(max_tokens));
@@ -413,7 +420,8 @@ struct CudaBackend::Impl {
         cudaGraph_t g = nullptr;
         check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
         try {
-          for (const Launch& l : plan) execute(l, geo, f);
+          const std::vector<LaunchImage> images = operand_images(plan, geo, f);
+          for (size_t i = 0; i < plan.size(); ++i) execute(plan[i], geo, f, images[i]);
         } catch (...) {
           cudaStreamEndCapture(stream.get(), &g);
           if (g) cudaGraphDestroy(g);
@@ -430,12 +438,14 @@ struct CudaBackend::Impl {
       eager_launches = lower(graph, f, shape);
       launches = &eager_launches;
       if (timing) marks.clear();
-      for (const Launch& l : eager_launches) {
+      const std::vector<LaunchImage> images = operand_images(eager_launches, geo, f);
+      for (size_t i = 0; i < eager_launches.size(); ++i) {
+        const Launch& l = eager_launches[i];
         if (timing) {
           marks.emplace_back(launch_name(l, geo), std::make_pair(Event(), Event()));
           check(cudaEventRecord(marks.back().second.first.get(), stream.get()), "cudaEventRecord");
         }
-        execute(l, geo, f);
+        execute(l, geo, f, images[i]);
         if (timing) check(cudaEventRecord(marks.back().second.second.get(), stream.get()), "cudaEventRecord");
         if (dump && l.completes_node >= 0) dump_output(l.completes_node, geo);
       }
@@ -523,7 +533,32 @@ struct CudaBackend::Impl {
     return true;
   }
 
-  void execute(const Launch& l, const Geometry& geo, const Fusions& f) {
+  // The wgmma matmul's operand image around a launch: the format its q8 plane's producer writes
+  // beside the plane, and the one a decode matmul finds already written.
+  struct LaunchImage {
+    OperandFormat writes = OperandFormat::None, reads = OperandFormat::None;
+  };
+  // A producer writes the image (Fusions::operand_image) when the launch right after it is the
+  // decode matmul over its plane's rows and would build that image itself.
+  std::vector<LaunchImage> operand_images(const std::vector<Launch>& plan, const Geometry& geo, const Fusions& f) const {
+    std::vector<LaunchImage> images(plan.size());
+    if (!f.operand_image || !decode_wgmma) return images;
+    for (size_t i = 0; i + 1 < plan.size(); ++i) {
+      const Launch &producer = plan[i], &consumer = plan[i + 1];
+      if (!producer.writes_q8 || (producer.kind != LaunchKind::RmsNorm && producer.kind != LaunchKind::SwiGLU)) continue;
+      const int rows = rows_of(consumer, geo).second;
+      if (consumer.kind != LaunchKind::DecodeMatmul || consumer.in != producer.out || rows != geo.decode ||
+          !use_mma(consumer, rows))
+        continue;
+      const DecodeMatmulArgs a = decode_matmul_args(consumer);
+      const OperandFormat format = matmul_mma_operand_format(a.segs, consumer.n_segs, rows, a.extra);
+      images[i].writes = images[i + 1].reads = format;
+    }
+    return images;
+  }
+  OperandImage image_written(const LaunchImage& image) const { return {wgmma_operand.get(), image.writes}; }
+
+  void execute(const Launch& l, const Geometry& geo, const Fusions& f, const LaunchImage& image) {
     const Node& node = graph.nodes[size_t(std::max(l.node, 0))];
     const auto [row0, count] = rows_of(l, geo);
     if (count == 0) return;
@@ -536,7 +571,7 @@ struct CudaBackend::Impl {
       case LaunchKind::RmsNorm:
         launch_rms_norm(slot(l.in), int(w_in), weights.vec(node.weight), slot(l.out), int(w_out), count, int(w_out),
                         node.group, hp.rms_eps, plane(w_out), l.writes_q8 ? geo.decode : 0, s,
-                        l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr);
+                        l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr, image_written(image));
         return;
       case LaunchKind::Quantize:
         launch_quantize_q8(slot(l.in), int(w_in), plane(w_in), count, int(w_in), s);
@@ -546,7 +581,7 @@ struct CudaBackend::Impl {
                                        int64_t(count) * w_in, s.stream);
         return;
       case LaunchKind::DecodeMatmul:
-        decode_matmul(l, geo, count, s);
+        decode_matmul(l, count, image.reads, s);
         return;
       case LaunchKind::PromptMatmul:
         prompt_matmul(l, row0, count, f, s);
@@ -602,7 +637,8 @@ struct CudaBackend::Impl {
         return;
       case LaunchKind::SwiGLU:
         launch_swiglu(slot(l.in), slot(l.in2), slot(l.out), count, int(w_out), plane(w_out),
-                      l.writes_q8 ? geo.decode : 0, s, l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr);
+                      l.writes_q8 ? geo.decode : 0, s, l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr,
+                      image_written(image));
         return;
       case LaunchKind::Add:
         launch_add(slot(l.in), slot(l.in2), slot(l.out), int64_t(count) * w_out, s);
@@ -638,39 +674,49 @@ struct CudaBackend::Impl {
     launch_attention(p, s);
   }
 
-  void decode_matmul(const Launch& l, const Geometry& geo, int count, const KernelStream& s) {
+  struct DecodeMatmulArgs {
     MatSeg segs[kMaxMatSegs];
+    MatVecExtra extra;
+  };
+  DecodeMatmulArgs decode_matmul_args(const Launch& l) const {
+    DecodeMatmulArgs a;
     for (int i = 0; i < l.n_segs; ++i) {
       const Node& n = graph.nodes[size_t(l.seg_node[size_t(i)])];
       const int out = l.n_segs == 1 ? l.out : n.out;
-      segs[i].w = weights.mat(n.weight);
-      segs[i].bias = weights.vec(n.bias);
-      segs[i].residual = l.residual >= 0 ? slot(l.residual) : nullptr;
-      segs[i].out = slot(out);
-      segs[i].ld_out = int(width(out));
-      segs[i].epi = Epilogue(int(l.epi[size_t(i)]));
+      MatSeg& seg = a.segs[i];
+      seg.w = weights.mat(n.weight);
+      seg.bias = weights.vec(n.bias);
+      seg.residual = l.residual >= 0 ? slot(l.residual) : nullptr;
+      seg.out = slot(out);
+      seg.ld_out = int(width(out));
+      seg.epi = Epilogue(int(l.epi[size_t(i)]));
     }
-    MatVecExtra extra;
+    MatVecExtra& extra = a.extra;
     extra.rope = rope();
     extra.positions = d_positions();
     extra.slots = d_slots();
     extra.kv = kv_layer(graph.nodes[size_t(l.node)].layer >= 0 ? graph.nodes[size_t(l.node)].layer : 0);
-    const int64_t w_in = width(l.in);
     int64_t weights_in_launch = 0;
     bool q6k = false;
     for (int i = 0; i < l.n_segs; ++i) {
-      weights_in_launch += int64_t(segs[i].w.rows) * segs[i].w.cols;
-      q6k = q6k || segs[i].w.type == GgmlType::Q6_K;
+      weights_in_launch += int64_t(a.segs[i].w.rows) * a.segs[i].w.cols;
+      q6k = q6k || a.segs[i].w.type == GgmlType::Q6_K;
     }
     if (decode_wgmma && weights_in_launch >= wgmma_min_weights && (decode_wgmma_q6k || !q6k)) {
       extra.wgmma_operand = wgmma_operand.get();
       extra.wgmma_operand_bytes = int64_t(wgmma_operand.size());
     }
+    return a;
+  }
+
+  void decode_matmul(const Launch& l, int count, OperandFormat image_ready, const KernelStream& s) {
+    DecodeMatmulArgs a = decode_matmul_args(l);
+    a.extra.wgmma_operand_ready = image_ready;
+    const int64_t w_in = width(l.in);
     if (use_mma(l, count))
-      launch_matmul_mma(segs, l.n_segs, plane(w_in), count, extra, s);
+      launch_matmul_mma(a.segs, l.n_segs, plane(w_in), count, a.extra, s);
     else
-      launch_matvec(segs, l.n_segs, plane(w_in), slot(l.in), int(w_in), count, extra, s);
-    (void)geo;
+      launch_matvec(a.segs, l.n_segs, plane(w_in), slot(l.in), int(w_in), count, a.extra, s);
   }
 
   void prompt_matmul(const Launch& l, int row0, int count, const Fusions& f, const KernelStream& s) {

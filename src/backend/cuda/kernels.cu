@@ -6,6 +6,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/operand_image.cuh"
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
 #include "backend/cuda/quant_device.cuh"
@@ -83,7 +84,8 @@ size_t rms_norm_staging_bytes(int threads) { return size_t(threads) * kNormStage
 
 __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                      float* __restrict__ out, int ld_out, int width, float eps,
-                                     const Q8Plane q8, int q8_rows, uint16_t* __restrict__ bf16) {
+                                     const Q8Plane q8, int q8_rows, uint16_t* __restrict__ bf16,
+                                     const OperandImage image) {
   extern __shared__ float4 norm_staging[];
   const int row = blockIdx.x, b = threadIdx.x, lane = b % 32, warp = b / 32;
   const bool valid = b < width / 32;
@@ -138,14 +140,26 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
     }
   if (row >= q8_rows) return;  // uniform over the block
   quantize_q8_group_values(v, q8, row, b, valid);
+  if (image.format == OperandFormat::None) return;
+  __syncwarp();  // the group's plane row, from its eight lanes
+  if (valid) operand_image::write_operand_token(image, q8, row, b / 8, b % 8);
+}
+
+// The operand image a producer was asked for: its rows, whole groups, at most one image's tokens.
+static void check_operand_image(const char* producer, const OperandImage& image, int q8_rows, int width) {
+  if (image.format == OperandFormat::None) return;
+  if (!image.image || q8_rows < 1 || q8_rows > operand_image::kTokens || width % 256 != 0)
+    fail(producer, ": an operand image of ", q8_rows, " rows of ", width, " (1..", operand_image::kTokens,
+         " rows of whole 256-column groups)");
 }
 
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
                      int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s,
-                     uint16_t* bf16) {
+                     uint16_t* bf16, const OperandImage& image) {
   if (group <= 0) group = width;
   if (q8_rows > 0 && (group != width || width % 32 != 0 || q8.n_blocks != width / 32))
     fail("rms_norm: fused quantize needs whole rows of the plane's width");
+  check_operand_image("rms_norm", image, q8_rows, width);
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (group == width && width % 32 == 0 && width <= 32 * 1024 && ld_x % 4 == 0 && ld_out % 4 == 0 &&
       aligned(x) && aligned(out) && aligned(w) && aligned(bf16)) {
@@ -157,12 +171,13 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
           e != cudaSuccess)
         fail("rms_norm: ", staging, " bytes of shared memory for rows of ", width, ": ", cudaGetErrorString(e));
     launch_kernel("rms_norm", rms_norm_rows_kernel, n_rows, threads, staging, s, x, ld_x, w, out, ld_out, width, eps,
-                  q8, q8_rows, bf16);
+                  q8, q8_rows, bf16, image);
     return;
   }
   const int blocks = n_rows * (width / group);
   const int threads = group >= kNormThreads ? kNormThreads : ((group + 31) / 32) * 32;
   launch_kernel("rms_norm", rms_norm_kernel, blocks, threads, 0, s, x, ld_x, w, out, ld_out, width, group, eps, q8, q8_rows);
+  if (image.format != OperandFormat::None) launch_build_operand_image(q8, q8_rows, width, image, s);
   if (bf16) {  // shapes the row kernel does not take: the standalone conversion (the same bits)
     if (ld_out != width) fail("rms_norm: a bf16 plane needs contiguous output rows");
     launch_prefill_activation_bf16(out, bf16, int64_t(n_rows) * width, s.stream);
@@ -176,7 +191,7 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
 // REQUIRES 256 threads; width % 4 == 0; gate, up, out 16-byte and bf16 8-byte aligned.
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                               float* __restrict__ out, int width, const Q8Plane q8, int q8_rows,
-                              uint16_t* __restrict__ bf16) {
+                              uint16_t* __restrict__ bf16, const OperandImage image) {
   await_predecessor();
   const int row = blockIdx.y;
   const int i = (blockIdx.x * 256 + threadIdx.x) * 4;
@@ -198,6 +213,9 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
   if (threadIdx.x >= 32) return;  // warp 0 quantizes (whole warps leave: no barrier follows)
   const int b = blockIdx.x * 32 + threadIdx.x;
   quantize_q8_group_member(tile + 32 * threadIdx.x, q8, row, b, b < width / 32);
+  if (image.format == OperandFormat::None) return;
+  __syncwarp();  // the groups' plane row, from their eight lanes each
+  if (b < width / 32) operand_image::write_operand_token(image, q8, row, b / 8, b % 8);
 }
 
 // Widths or pointers the four-wide kernel does not take: one element a thread (no q8 epilogue:
@@ -215,13 +233,15 @@ __global__ void swiglu_scalar_kernel(const float* __restrict__ gate, const float
 }
 
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   const Q8Plane& q8, int q8_rows, const KernelStream& s, uint16_t* bf16) {
+                   const Q8Plane& q8, int q8_rows, const KernelStream& s, uint16_t* bf16,
+                   const OperandImage& image) {
   if (q8_rows > 0 && (width % 32 != 0 || q8.n_blocks != width / 32))
     fail("swiglu: fused quantize needs width % 32 == 0 and a plane of that width");
+  check_operand_image("swiglu", image, q8_rows, width);
   const auto aligned = [](const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; };
   if (width % 4 == 0 && aligned(gate, 16) && aligned(up, 16) && aligned(out, 16) && aligned(bf16, 8)) {
     launch_kernel("swiglu", swiglu_kernel, dim3((width + 1023) / 1024, n_rows), 256, 0, s, gate, up, out, width, q8,
-                  q8_rows, bf16);
+                  q8_rows, bf16, image);
     return;
   }
   if (q8_rows > 0) fail("swiglu: fused quantize needs 16-byte aligned rows");

@@ -14,9 +14,9 @@ namespace minfer::cuda {
 
 // Where a launcher enqueues its kernels, and whether they may use Programmatic Dependent Launch
 // (start while the kernel before them drains; launch.cuh). `pdl`: a launch's first kernel after
-// the stream's previous one (the backend allows it for small steps only); `pdl_within`: a
-// launcher's kernel after another kernel of the same launch (the wgmma matmul after its operand
-// builder), at any step size. MINFER_NO_PDL (Fusions::pdl) turns both off.
+// the stream's previous one (the backend allows it for steps of up to 32 rows); `pdl_within`:
+// the wgmma matmul after its operand builder or the image's producer, at any step size.
+// MINFER_NO_PDL (Fusions::pdl) turns both off.
 struct KernelStream {
   cudaStream_t stream = nullptr;
   bool pdl = false;
@@ -104,18 +104,30 @@ struct Q8Plane {
 int64_t q8_plane_bytes(int tokens, int width);
 Q8Plane q8_plane(uint8_t* buffer, int tokens, int width);
 
+// The wgmma decode matmul's operand image (operand_image.cuh) that a q8 plane's producer writes
+// beside the plane for the matmul that reads it next, in that weight format's k order; format
+// None: no image.
+enum class OperandFormat : uint8_t { None, Q4K, Q6K };
+struct OperandImage {
+  uint8_t* image = nullptr;
+  OperandFormat format = OperandFormat::None;
+};
+
 // ---- elementwise / norm ------------------------------------------------------------------------
 // rows of width `width` (x rows ld_x floats apart); group > 0 normalises each group separately.
 // q8_rows > 0: also writes the first q8_rows output rows to the q8 plane (the producer-fused
 // A-quantize; needs group == 0 and width % 32 == 0; q8.n_blocks == width / 32). bf16: also writes
 // every output row as the prompt GEMM's bf16 plane, [n_rows][width] (prefill_activation_bf16,
-// the standalone conversion's bits; 16-byte aligned).
+// the standalone conversion's bits; 16-byte aligned). image.format != None: also the q8 rows'
+// operand image (needs q8_rows in kWgmmaMinTokens..64 and width % 256 == 0), the bytes
+// launch_build_operand_image writes for those rows; its other token rows are left as they are.
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
                      int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s,
-                     uint16_t* bf16 = nullptr);
-// out = silu(gate) * up over n_rows x width (row-contiguous); q8 and bf16 as for rms_norm.
+                     uint16_t* bf16 = nullptr, const OperandImage& image = {});
+// out = silu(gate) * up over n_rows x width (row-contiguous); q8, bf16 and image as for rms_norm.
 void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, int width,
-                   const Q8Plane& q8, int q8_rows, const KernelStream& s, uint16_t* bf16 = nullptr);
+                   const Q8Plane& q8, int q8_rows, const KernelStream& s, uint16_t* bf16 = nullptr,
+                   const OperandImage& image = {});
 void launch_add(const float* a, const float* b, float* out, int64_t n, const KernelStream& s);
 // The standalone quantize: n_rows rows of width floats (ld_x apart) to tokens 0.. of the q8 plane.
 void launch_quantize_q8(const float* x, int ld_x, const Q8Plane& q8, int n_rows, int width, const KernelStream& s);
@@ -204,6 +216,9 @@ struct MatVecExtra {
   // by each launch that takes it; null: launch_matmul_mma never takes that kernel.
   uint8_t* wgmma_operand = nullptr;
   int64_t wgmma_operand_bytes = 0;
+  // The image already holds this plane's rows in this format (its producer wrote it): the launch
+  // of that format skips its builder.
+  OperandFormat wgmma_operand_ready = OperandFormat::None;
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",
@@ -233,6 +248,13 @@ int64_t wgmma_operand_bytes(int width);
 bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                          const KernelStream& s);
+// The format of the first operand image launch_matmul_mma would build for these arguments (the
+// first of its per-type launches that takes the wgmma kernel), or None.
+OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// The wgmma matmul's own builder: tokens 0..n_tokens-1 of the plane (width columns) into the image,
+// zeros in its other token rows.
+void launch_build_operand_image(const Q8Plane& plane, int n_tokens, int width, const OperandImage& image,
+                                const KernelStream& s);
 
 // ---- decode attention over the paged cache ------------------------------------------------------
 struct AttnParams {

@@ -497,7 +497,24 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
     launch_ntf<Group, 4>(a, grid, s);
 }
 
+OperandFormat operand_format_of(GgmlType t) {
+  return t == GgmlType::Q4_K ? OperandFormat::Q4K : t == GgmlType::Q6_K ? OperandFormat::Q6K : OperandFormat::None;
+}
+
 }  // namespace
+
+OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  bool done[kMaxMatSegs] = {};
+  for (int first = 0; first < n_segs && first < kMaxMatSegs; ++first) {
+    if (done[first]) continue;
+    MatSeg of_type[kMaxMatSegs];
+    int n = 0;
+    for (int i = first; i < n_segs; ++i)
+      if (segs[i].w.type == segs[first].w.type) done[i] = true, of_type[n++] = segs[i];
+    if (matmul_wgmma_takes(of_type, n, n_tokens, extra)) return operand_format_of(segs[first].w.type);
+  }
+  return OperandFormat::None;
+}
 
 bool matmul_mma_supports(GgmlType t) {
   return t == GgmlType::Q4_K || t == GgmlType::Q5_K || t == GgmlType::Q6_K || t == GgmlType::Q8_0;
@@ -514,6 +531,7 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
       fail("matmul_mma: rows of ", segs[i].w.cols, " do not fill whole blocks");
   }
   if (n_tokens <= 0) return;
+  MatVecExtra launch_extra = extra;  // its operand_ready follows the image through the launches
   // One launch per weight type among the segments (a kernel per type keeps its registers to
   // what that type needs), in the order the types first appear.
   bool done[kMaxMatSegs] = {};
@@ -531,13 +549,14 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
       row_tiles += roped ? (segs[i].w.rows / 2 + 7) / 8 : (segs[i].w.rows + kTileRows - 1) / kTileRows;
     }
     a.first_block[a.n_segs] = row_tiles;
-    if (matmul_wgmma_takes(a.seg, a.n_segs, n_tokens, extra)) {
-      launch_matmul_wgmma(a.seg, a.n_segs, act_q8, n_tokens, extra, s);
+    if (matmul_wgmma_takes(a.seg, a.n_segs, n_tokens, launch_extra)) {
+      launch_matmul_wgmma(a.seg, a.n_segs, act_q8, n_tokens, launch_extra, s);
+      launch_extra.wgmma_operand_ready = operand_format_of(type);  // built by (or for) that launch
       continue;
     }
     a.act = act_q8;
     a.n_tokens = n_tokens;
-    a.extra = extra;
+    a.extra = launch_extra;
     switch (type) {
       case GgmlType::Q4_K: launch_group<GroupQK45<false>>(a, row_tiles, s); break;
       case GgmlType::Q5_K: launch_group<GroupQK45<true>>(a, row_tiles, s); break;

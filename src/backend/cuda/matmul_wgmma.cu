@@ -3,8 +3,9 @@
 // it is summed, so the f16 tensor cores may form it from exact f16 integers while every partial sum
 // stays below 2^24 (the f32 accumulator is then exact).
 //
-// B = the plane's int8 quants as f16 in the image `wgmma_operand` holds (built per launch by
-// build_operand_kernel, one group a bulk copy). A = the weights, built in registers. k order: a
+// B = the plane's int8 quants as f16 in the image `wgmma_operand` holds (operand_image.cuh: written
+// by the plane's producer beside the plane, or else by this launch's build_operand_kernel; one
+// group a bulk copy). A = the weights, built in registers. k order: a
 // wgmma k16 step gives thread tig of a row the columns it holds at k = 2 tig, 2 tig + 1, 2 tig + 8,
 // 2 tig + 9; the integer sum does not care which columns those are, so each type picks the ones
 // its packing makes cheap and the image puts each activation where its weight lands (column_of).
@@ -44,6 +45,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/operand_image.cuh"
 #include "backend/cuda/prefill_mma.cuh"
 #include "backend/cuda/quant_device.cuh"
 #include "util/error.h"
@@ -52,22 +54,12 @@ namespace minfer::cuda {
 namespace {
 
 using namespace prefill_detail;
+using namespace operand_image;
 
-constexpr int kTokens = 64, kThreads = 256, kRowsCta = 128;
-// A group's operand image: the B slabs (4 x 64 tokens x 128 bytes, 128-byte swizzle, the k order
-// of the type's column_of), da as f32, then (q4_K only) the sum digits [token][tig][h pair, l pair]
-// as f16.
-constexpr int kSlabBytes = 8192, kScalesOffset = 4 * kSlabBytes, kDigitsOffset = kScalesOffset + kTokens * 4;
-constexpr int kImageBytes = kDigitsOffset + kTokens * 4 * 8;  // 35,072
-static_assert(kImageBytes % 16 == 0 && kDigitsOffset % 128 == 0, "bulk-copy sizes and TMA destinations");
+constexpr int kThreads = 256, kRowsCta = 128;
 
 // Streams in the order the canonical tree ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)) meets them.
 __constant__ int kStreamOrder[8] = {0, 4, 2, 6, 1, 5, 3, 7};
-
-// Position kappa of a wgmma k16 step: the thread it belongs to and its byte in the thread's
-// 4-byte word (pairs (0, 2) for kappa < 8, (1, 3) after: one PRMT or LOP3 a pair).
-__host__ __device__ constexpr int tig_of(int kappa) { return (kappa % 8) / 2; }
-__host__ __device__ constexpr int byte_of(int kappa) { return kappa < 8 ? (kappa & 1 ? 2 : 0) : (kappa & 1 ? 3 : 1); }
 
 struct WeightMaps {
   CUtensorMap map[kMaxMatSegs];
@@ -198,14 +190,9 @@ CUtensorMap byte_map(const DevMat& m, int64_t inner, int64_t outer, uint32_t box
   return map;
 }
 
-struct Q4K {
-  static constexpr GgmlType kType = GgmlType::Q4_K;
+struct Q4K : Q4KColumns {
+  static constexpr OperandFormat kFormat = OperandFormat::Q4K;
   static constexpr int kBlockBytes = 144, kRowBytes = kBlockBytes, kCopyBytes = kImageBytes;
-  __host__ __device__ static constexpr int column_of(int s, int kappa) {
-    const int chunk = tig_of(kappa) + 4 * (s >> 3), word = (s >> 1) & 3, h = s & 1;
-    const int b = 16 * chunk + 4 * word + byte_of(kappa);
-    return 64 * (b / 32) + 32 * h + b % 32;
-  }
   __device__ static int row_of(int rho) { return rho; }
   // rows x row bytes, boxes of one block x 128 rows.
   static CUtensorMap weight_map(const DevMat& m) {
@@ -219,15 +206,11 @@ struct Q4K {
                                     float (&open)[32]);
 };
 
-struct Q6K {
-  static constexpr GgmlType kType = GgmlType::Q6_K;
+struct Q6K : Q6KColumns {
+  static constexpr OperandFormat kFormat = OperandFormat::Q6K;
   static constexpr int kBlockBytes = kQ6KDeviceBlockBytes, kRowBytes = 224, kCopyBytes = kDigitsOffset;
   static constexpr int kQuads = kRowsCta / 4, kBoxBytes = kQuads * kRowBytes;
   static_assert(kRowBytes >= kBlockBytes + 12 && kRowBytes % 16 == 0 && kBoxBytes % 128 == 0, "TMA boxes, lead <= 12");
-  __host__ __device__ static constexpr int column_of(int s, int kappa) {
-    const int tig = tig_of(kappa), n = tig / 2, is = tig % 2, j = s / 4, word = s % 4;
-    return 128 * n + 32 * j + 16 * is + 4 * word + byte_of(kappa);
-  }
   __device__ static int row_of(int rho) { return 4 * (rho % kQuads) + rho / kQuads; }
   // REQUIRES rows % 4 == 0: [rows / 4][4 rows' bytes], boxes of 224 bytes x 32 quads.
   static CUtensorMap weight_map(const DevMat& m) {
@@ -415,51 +398,24 @@ __device__ __forceinline__ void Q6K::accumulate(uint32_t base, uint32_t weights,
 }
 
 // ---- the operand image -----------------------------------------------------------------------
-constexpr int kBuildTokens = 8, kBuildThreads = kBuildTokens * 16;
+constexpr int kBuildTokens = 8, kBuildThreads = kBuildTokens * kSteps;
 // REQUIRES: gridDim = (groups, kTokens / kBuildTokens), blockDim.x == kBuildThreads: a thread
-// writes one wgmma step's 16 values of one token. Tokens past n_tokens are zeros.
-template <class Fmt>
+// writes one wgmma step of one token (write_operand_step). Tokens past n_tokens are zeros.
+template <class Columns>
 __global__ void __launch_bounds__(kBuildThreads) build_operand_kernel(Q8Plane plane, int n_tokens, uint8_t* image) {
-  const int g = blockIdx.x, n = blockIdx.y * kBuildTokens + threadIdx.x / 16, s = threadIdx.x % 16;
+  const int g = blockIdx.x, n = blockIdx.y * kBuildTokens + threadIdx.x / kSteps, s = threadIdx.x % kSteps;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");  // the matmul's CTAs may start now
 #endif
-  uint8_t* img = image + size_t(g) * kImageBytes;
-  uint32_t packed[8];
-#pragma unroll
-  for (int kappa = 0; kappa < 16; kappa += 2) {
-    float v[2] = {0.0f, 0.0f};
-    if (n < n_tokens)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = Fmt::column_of(s, kappa + e);
-        v[e] = float(int8_t(plane.block_quants(n, 8 * g + col / 32)[col % 32]));
-      }
-    const __half2 h = __floats2half2_rn(v[0], v[1]);  // |v| <= 127: exact
-    packed[kappa / 2] = *reinterpret_cast<const uint32_t*>(&h);
-  }
-  uint8_t* row = img + (s / 4) * kSlabBytes + n * 128;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int chunk = 2 * (s % 4) + half;
-    *reinterpret_cast<uint4*>(row + (chunk ^ (n & 7)) * 16) =
-        make_uint4(packed[4 * half], packed[4 * half + 1], packed[4 * half + 2], packed[4 * half + 3]);
-  }
-  if (s == 4) {
-    const float da = n < n_tokens ? __half2float(__ushort_as_half(*plane.scale(n, g))) : 0.0f;
-    reinterpret_cast<float*>(img + kScalesOffset)[n] = da;
-  } else if (Fmt::kType == GgmlType::Q4_K && s < 4) {  // the sum digits of blocks 2s, 2s + 1
-    float h[2] = {0.0f, 0.0f}, l[2] = {0.0f, 0.0f};
-    if (n < n_tokens)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int32_t sum = *plane.sum(n, 8 * g + 2 * s + e);
-        h[e] = float(sum >> 6), l[e] = float(sum & 63);  // sum = 64 h + l; |h| <= 64, exact in f16
-      }
-    const __half2 hh = __floats2half2_rn(h[0], h[1]), ll = __floats2half2_rn(l[0], l[1]);
-    *reinterpret_cast<uint2*>(img + kDigitsOffset + (n * 4 + s) * 8) =
-        make_uint2(*reinterpret_cast<const uint32_t*>(&hh), *reinterpret_cast<const uint32_t*>(&ll));
-  }
+  write_operand_step<Columns>(plane, n, n < n_tokens, g, s, image);
+}
+
+void launch_builder(const Q8Plane& plane, int n_tokens, int groups, const OperandImage& image, cudaStream_t stream) {
+  const dim3 grid(unsigned(groups), kTokens / kBuildTokens);
+  if (image.format == OperandFormat::Q4K)
+    build_operand_kernel<Q4KColumns><<<grid, kBuildThreads, 0, stream>>>(plane, n_tokens, image.image);
+  else
+    build_operand_kernel<Q6KColumns><<<grid, kBuildThreads, 0, stream>>>(plane, n_tokens, image.image);
 }
 
 // ---- the matmul ------------------------------------------------------------------------------
@@ -495,7 +451,8 @@ struct Shape {
 
 // REQUIRES: blockDim.x == kThreads; gridDim = (the segments' 128-row tiles, kSplit) in clusters of
 // (1, kSplit); the segments' weights of Fmt's type with cols = 256 * groups (q6_K: rows % 4 == 0);
-// 1 <= n_tokens <= 64; the image built by build_operand_kernel<Fmt> for this plane and n_tokens;
+// 1 <= n_tokens <= 64; the image in Fmt's k order of this plane's first n_tokens tokens (the
+// builder's or the producer's, the same bytes; other token rows only reach outputs not stored);
 // dynamic shared memory Shape<Fmt, kSplit>::kSmemBytes.
 template <class Fmt, int kSplit>
 __global__ void __launch_bounds__(kThreads, 1)
@@ -531,8 +488,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  // Launched as the builder's programmatic dependent (launch_format): the first stages' weights
-  // stream in while the builder runs; the image, the residual and the outputs wait for it.
+  // Launched as the programmatic dependent of the builder or of the plane's producer
+  // (launch_format): the first stages' weights stream in while it runs; the image, the residual
+  // and the outputs wait for it.
   if (threadIdx.x == 0)
     for (int it = 0; it < kStages && it < n_iter; ++it) issue_weights(it, group_at<kL>(it, rank, a.groups));
   await_predecessor();
@@ -651,7 +609,7 @@ void launch_split(const WeightMaps& maps, const WgmmaArgs& a, int tiles, const K
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s.stream;
-  // After the builder with PDL (s.pdl_within); in clusters of (1, kSplit).
+  // After the builder or the image's producer with PDL (s.pdl_within); in clusters of (1, kSplit).
   const bool pdl = s.pdl_within;
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -681,8 +639,8 @@ void launch_format(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_
   a.n_tokens = n_tokens;
   a.groups = segs[0].w.cols / 256;
   a.image = extra.wgmma_operand;
-  const dim3 build_grid(unsigned(a.groups), kTokens / kBuildTokens);
-  build_operand_kernel<Fmt><<<build_grid, kBuildThreads, 0, s.stream>>>(act_q8, n_tokens, extra.wgmma_operand);
+  if (extra.wgmma_operand_ready != Fmt::kFormat)
+    launch_builder(act_q8, n_tokens, a.groups, {extra.wgmma_operand, Fmt::kFormat}, s.stream);
   // Split a tile's streams over a cluster where the tiles alone would leave most SMs idle
   // (7B: gate/up's 296 tiles run whole, the 28 tiles of a 3584-row matrix in clusters of 4).
   if (tiles >= 100)
@@ -698,6 +656,13 @@ void launch_format(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_
 }  // namespace
 
 int64_t wgmma_operand_bytes(int width) { return int64_t(width / 256) * kImageBytes; }
+
+void launch_build_operand_image(const Q8Plane& plane, int n_tokens, int width, const OperandImage& image,
+                                const KernelStream& s) {
+  if (image.format == OperandFormat::None || !image.image || width % 256 != 0 || n_tokens < 1 || n_tokens > kTokens)
+    fail("operand image: ", n_tokens, " tokens of ", width, " columns (1..", kTokens, " tokens of whole groups)");
+  launch_builder(plane, n_tokens, width / 256, image, s.stream);
+}
 
 bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
   if (!extra.wgmma_operand || n_tokens < kWgmmaMinTokens || n_tokens > kTokens) return false;
