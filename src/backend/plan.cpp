@@ -311,6 +311,7 @@ Fusions Fusions::from_env() {
   f.gemm_swiglu = !env_flag("MINFER_NO_GEMM_SWIGLU");
   f.fused_rope_kv = !env_flag("MINFER_NO_FUSED_ROPE_KV");
   f.concurrent_gemms = !env_flag("MINFER_NO_CONCURRENT_GEMMS");
+  f.decode_beside_prompt = !env_flag("MINFER_NO_DECODE_BESIDE_PROMPT");
   f.fused_residual = !env_flag("MINFER_NO_FUSED_RESIDUAL");
   f.pdl = !env_flag("MINFER_NO_PDL");
   f.operand_image = !env_flag("MINFER_NO_OPERAND_IMAGE_FUSE");
@@ -321,7 +322,7 @@ Fusions Fusions::from_env() {
 Fusions Fusions::none() {
   Fusions f;
   f.decode_a_fuse = f.attention_q8 = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu =
-      f.fused_rope_kv = f.concurrent_gemms = f.fused_residual = f.pdl = f.operand_image = false;
+      f.fused_rope_kv = f.concurrent_gemms = f.decode_beside_prompt = f.fused_residual = f.pdl = f.operand_image = false;
   return f;
 }
 

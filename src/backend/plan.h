@@ -25,6 +25,9 @@ struct Fusions {
   bool gemm_swiglu = true;     // MINFER_NO_GEMM_SWIGLU: prompt rows' gate, up and swiglu in one GEMM
   bool fused_rope_kv = true;   // MINFER_NO_FUSED_ROPE_KV: prompt rows' q/k rope and KV write in one launch
   bool concurrent_gemms = true;  // MINFER_NO_CONCURRENT_GEMMS: q/k/v GEMMs of two types on two streams
+  // MINFER_NO_DECODE_BESIDE_PROMPT: a step's decode rows and prompt rows (independent up to the
+  // output rows) run on two streams, the decode rows' urgent (CUDA backend)
+  bool decode_beside_prompt = true;
   bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
   bool pdl = true;             // MINFER_NO_PDL: each kernel starts only after the one before it ends
   // MINFER_NO_OPERAND_IMAGE_FUSE: the wgmma decode matmul builds its operand image in a launch of

@@ -396,7 +396,7 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   std::vector<std::pair<std::string, Fusions>> variants;
   for (const char* name :
        {"decode_a_fuse", "attention_q8", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu",
-        "fused_rope_kv", "concurrent_gemms", "fused_residual", "pdl", "operand_image"}) {
+        "fused_rope_kv", "concurrent_gemms", "decode_beside_prompt", "fused_residual", "pdl", "operand_image"}) {
     Fusions f;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
     if (!std::strcmp(name, "attention_q8")) f.attention_q8 = false;
@@ -407,6 +407,7 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
     if (!std::strcmp(name, "gemm_swiglu")) f.gemm_swiglu = false;
     if (!std::strcmp(name, "fused_rope_kv")) f.fused_rope_kv = false;
     if (!std::strcmp(name, "concurrent_gemms")) f.concurrent_gemms = false;
+    if (!std::strcmp(name, "decode_beside_prompt")) f.decode_beside_prompt = false;
     if (!std::strcmp(name, "fused_residual")) f.fused_residual = false;
     if (!std::strcmp(name, "pdl")) f.pdl = false;
     if (!std::strcmp(name, "operand_image")) f.operand_image = false;

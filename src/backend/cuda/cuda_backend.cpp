@@ -86,6 +86,10 @@ struct CudaBackend::Impl {
   // different types), forked from and joined back to it by events.
   Stream side_stream;
   Event fork_event, join_event;
+  // A mixed step's decode rows beside its prompt rows (Fusions::decode_beside_prompt), forked from
+  // and joined back to the main stream, which runs the prompt rows.
+  Stream decode_stream{Stream::Urgent{}};
+  Event lanes_fork, lanes_join;
   UploadStats upload;
   DeviceWeights weights;
   LoadStats stats;
@@ -421,7 +425,7 @@ struct CudaBackend::Impl {
         check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
         try {
           const std::vector<LaunchImage> images = operand_images(plan, geo, f);
-          for (size_t i = 0; i < plan.size(); ++i) execute(plan[i], geo, f, images[i]);
+          for (size_t i = 0; i < plan.size(); ++i) execute(plan[i], geo, f, images[i], serial());
         } catch (...) {
           cudaStreamEndCapture(stream.get(), &g);
           if (g) cudaGraphDestroy(g);
@@ -439,15 +443,19 @@ struct CudaBackend::Impl {
       launches = &eager_launches;
       if (timing) marks.clear();
       const std::vector<LaunchImage> images = operand_images(eager_launches, geo, f);
-      for (size_t i = 0; i < eager_launches.size(); ++i) {
-        const Launch& l = eager_launches[i];
-        if (timing) {
-          marks.emplace_back(launch_name(l, geo), std::make_pair(Event(), Event()));
-          check(cudaEventRecord(marks.back().second.first.get(), stream.get()), "cudaEventRecord");
+      if (f.decode_beside_prompt && shape.decode && shape.prompt && !timing && !dump && lanes_apart(eager_launches)) {
+        execute_beside(eager_launches, geo, f, images);
+      } else {
+        for (size_t i = 0; i < eager_launches.size(); ++i) {
+          const Launch& l = eager_launches[i];
+          if (timing) {
+            marks.emplace_back(launch_name(l, geo), std::make_pair(Event(), Event()));
+            check(cudaEventRecord(marks.back().second.first.get(), stream.get()), "cudaEventRecord");
+          }
+          execute(l, geo, f, images[i], serial());
+          if (timing) check(cudaEventRecord(marks.back().second.second.get(), stream.get()), "cudaEventRecord");
+          if (dump && l.completes_node >= 0) dump_output(l.completes_node, geo);
         }
-        execute(l, geo, f, images[i]);
-        if (timing) check(cudaEventRecord(marks.back().second.second.get(), stream.get()), "cudaEventRecord");
-        if (dump && l.completes_node >= 0) dump_output(l.completes_node, geo);
       }
     }
 
@@ -556,22 +564,67 @@ struct CudaBackend::Impl {
     }
     return images;
   }
+  // Where a launch runs: the stream, and (beside) the rows of its lane, which a launch over all
+  // rows covers; beside, kernels wait for their predecessor in full (no PDL across a fork).
+  struct Lane {
+    cudaStream_t stream;
+    bool beside = false;
+    int row0 = 0, rows = 0;
+  };
+  Lane serial() const { return {stream.get()}; }
+
+  // Decode rows and prompt rows share nothing up to the output rows when the prompt rows never
+  // touch the decode rows' scratch: the q8 plane (a prompt matmul without a GEMM quantizes into
+  // it) and the split-K partials (the prompt attention of head sizes other than 64 and 128).
+  bool lanes_apart(const std::vector<Launch>& plan) const {
+    if (hp.head_dim != 64 && hp.head_dim != 128) return false;
+    for (const Launch& l : plan) {
+      if (l.kind != LaunchKind::PromptMatmul) continue;
+      for (int i = 0; i < l.n_segs; ++i) {
+        const Node& n = graph.nodes[size_t(l.seg_node[size_t(i)])];
+        if (!gemm_takes(weights.mat(n.weight), l.in, n.out)) return false;
+      }
+    }
+    return true;
+  }
+  // The launches up to the output rows in two lanes: decode rows on the urgent decode stream,
+  // prompt rows on the main stream (a launch over all rows once in each), issued in plan order so
+  // both start at once; then the output rows after both.
+  void execute_beside(const std::vector<Launch>& plan, const Geometry& geo, const Fusions& f,
+                      const std::vector<LaunchImage>& images) {
+    const Lane decode{decode_stream.get(), true, 0, geo.decode}, prompt{stream.get(), true, geo.decode, geo.n - geo.decode};
+    check(cudaEventRecord(lanes_fork.get(), stream.get()), "cudaEventRecord (lanes fork)");
+    check(cudaStreamWaitEvent(decode_stream.get(), lanes_fork.get()), "cudaStreamWaitEvent (lanes fork)");
+    size_t i = 0;
+    for (; i < plan.size() && plan[i].rows != Rows::Output; ++i) {
+      if (plan[i].rows != Rows::Prompt) execute(plan[i], geo, f, images[i], decode);
+      if (plan[i].rows != Rows::Decode) execute(plan[i], geo, f, images[i], prompt);
+    }
+    check(cudaEventRecord(lanes_join.get(), decode_stream.get()), "cudaEventRecord (lanes join)");
+    check(cudaStreamWaitEvent(stream.get(), lanes_join.get()), "cudaStreamWaitEvent (lanes join)");
+    for (; i < plan.size(); ++i) execute(plan[i], geo, f, images[i], serial());
+  }
+
   OperandImage image_written(const LaunchImage& image) const { return {wgmma_operand.get(), image.writes}; }
 
-  void execute(const Launch& l, const Geometry& geo, const Fusions& f, const LaunchImage& image) {
+  void execute(const Launch& l, const Geometry& geo, const Fusions& f, const LaunchImage& image, const Lane& lane) {
     const Node& node = graph.nodes[size_t(std::max(l.node, 0))];
-    const auto [row0, count] = rows_of(l, geo);
+    auto [row0, count] = rows_of(l, geo);
+    if (l.rows == Rows::All && lane.beside) row0 = lane.row0, count = lane.rows;
     if (count == 0) return;
-    const KernelStream s{stream.get(), f.pdl && geo.n <= kPdlMaxRows, f.pdl};
+    const KernelStream s{lane.stream, !lane.beside && f.pdl && geo.n <= kPdlMaxRows, f.pdl};
     const int64_t w_out = l.out >= 0 ? width(l.out) : 0, w_in = l.in >= 0 ? width(l.in) : 0;
+    // The q8 plane's rows (decode rows) among the launch's, from its first row.
+    const int q8_rows = l.writes_q8 ? std::clamp(geo.decode - row0, 0, count) : 0;
+    const OperandImage image_out = q8_rows > 0 ? image_written(image) : OperandImage{};
     switch (l.kind) {
       case LaunchKind::Embed:
-        launch_embed(weights.mat(node.weight), d_tokens(), slot(l.out), count, s);
+        launch_embed(weights.mat(node.weight), d_tokens() + row0, slot(l.out) + row0 * w_out, count, s);
         return;
       case LaunchKind::RmsNorm:
-        launch_rms_norm(slot(l.in), int(w_in), weights.vec(node.weight), slot(l.out), int(w_out), count, int(w_out),
-                        node.group, hp.rms_eps, plane(w_out), l.writes_q8 ? geo.decode : 0, s,
-                        l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr, image_written(image));
+        launch_rms_norm(slot(l.in) + row0 * w_in, int(w_in), weights.vec(node.weight), slot(l.out) + row0 * w_out,
+                        int(w_out), count, int(w_out), node.group, hp.rms_eps, plane(w_out), q8_rows, s,
+                        l.writes_bf16 ? bf16[l.bf16_out].get() + row0 * w_out : nullptr, image_out);
         return;
       case LaunchKind::Quantize:
         launch_quantize_q8(slot(l.in), int(w_in), plane(w_in), count, int(w_in), s);
@@ -636,12 +689,13 @@ struct CudaBackend::Impl {
         }
         return;
       case LaunchKind::SwiGLU:
-        launch_swiglu(slot(l.in), slot(l.in2), slot(l.out), count, int(w_out), plane(w_out),
-                      l.writes_q8 ? geo.decode : 0, s, l.writes_bf16 ? bf16[l.bf16_out].get() : nullptr,
-                      image_written(image));
+        launch_swiglu(slot(l.in) + row0 * w_in, slot(l.in2) + row0 * w_in, slot(l.out) + row0 * w_out, count,
+                      int(w_out), plane(w_out), q8_rows, s,
+                      l.writes_bf16 ? bf16[l.bf16_out].get() + row0 * w_out : nullptr, image_out);
         return;
       case LaunchKind::Add:
-        launch_add(slot(l.in), slot(l.in2), slot(l.out), int64_t(count) * w_out, s);
+        launch_add(slot(l.in) + row0 * w_in, slot(l.in2) + row0 * w_in, slot(l.out) + row0 * w_out,
+                   int64_t(count) * w_out, s);
         return;
       case LaunchKind::GatherOutputRows:
         launch_gather_rows(slot(l.in), int(w_in), d_output_rows(), count, int(w_in), slot(l.out), s);

@@ -80,6 +80,13 @@ class PinnedArray {
 class Stream {
  public:
   Stream() { check(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking), "cudaStreamCreate"); }
+  // The device's most urgent priority: its blocks are scheduled before other streams' waiting ones.
+  struct Urgent {};
+  explicit Stream(Urgent) {
+    int least = 0, greatest = 0;
+    check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+    check(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, greatest), "cudaStreamCreateWithPriority");
+  }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   ~Stream() {
