@@ -177,6 +177,7 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
   const int blocks = n_rows * (width / group);
   const int threads = group >= kNormThreads ? kNormThreads : ((group + 31) / 32) * 32;
   launch_kernel("rms_norm", rms_norm_kernel, blocks, threads, 0, s, x, ld_x, w, out, ld_out, width, group, eps, q8, q8_rows);
+  // Rows the row kernel does not take: the matmul's own builder writes the image (the same bytes).
   if (image.format != OperandFormat::None) launch_build_operand_image(q8, q8_rows, width, image, s);
   if (bf16) {  // shapes the row kernel does not take: the standalone conversion (the same bits)
     if (ld_out != width) fail("rms_norm: a bf16 plane needs contiguous output rows");
