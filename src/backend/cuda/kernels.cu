@@ -145,13 +145,6 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
   if (valid) operand_image::write_operand_token(image, q8, row, b / 8, b % 8);
 }
 
-// The operand image a producer was asked for: its rows, whole groups, at most one image's tokens.
-static void check_operand_image(const char* producer, const OperandImage& image, int q8_rows, int width) {
-  if (image.format == OperandFormat::None) return;
-  if (!image.image || q8_rows < 1 || q8_rows > operand_image::kTokens || width % 256 != 0)
-    fail(producer, ": an operand image of ", q8_rows, " rows of ", width, " (1..", operand_image::kTokens,
-         " rows of whole 256-column groups)");
-}
 
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
                      int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s,

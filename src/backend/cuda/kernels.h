@@ -119,7 +119,7 @@ struct OperandImage {
 // A-quantize; needs group == 0 and width % 32 == 0; q8.n_blocks == width / 32). bf16: also writes
 // every output row as the prompt GEMM's bf16 plane, [n_rows][width] (prefill_activation_bf16,
 // the standalone conversion's bits; 16-byte aligned). image.format != None: also the q8 rows'
-// operand image (needs q8_rows in kWgmmaMinTokens..64 and width % 256 == 0), the bytes
+// operand image (check_operand_image: q8_rows in 1..64, width % 256 == 0), the bytes
 // launch_build_operand_image writes for those rows; its other token rows are left as they are.
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
                      int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s,
@@ -213,7 +213,8 @@ struct MatVecExtra {
   const int32_t* slots = nullptr;      // [n_tokens]: KV cache rows for RopeK / StoreV
   KvLayer kv;
   // The operand image of the q4_K / q6_K decode matmul on warpgroup MMA (matmul_wgmma.cu), written
-  // by each launch that takes it; null: launch_matmul_mma never takes that kernel.
+  // by each launch that takes it unless wgmma_operand_ready; null: launch_matmul_mma never takes
+  // that kernel.
   uint8_t* wgmma_operand = nullptr;
   int64_t wgmma_operand_bytes = 0;
   // The image already holds this plane's rows in this format (its producer wrote it): the launch
@@ -251,6 +252,9 @@ void launch_matmul_wgmma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, 
 // The format of the first operand image launch_matmul_mma would build for these arguments (the
 // first of its per-type launches that takes the wgmma kernel), or None.
 OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// Fails, naming `writer`, unless an image of that format can hold n_tokens rows of width columns
+// (1..64 rows of whole 256-column groups, a buffer); format None passes.
+void check_operand_image(const char* writer, const OperandImage& image, int n_tokens, int width);
 // The wgmma matmul's own builder: tokens 0..n_tokens-1 of the plane (width columns) into the image,
 // zeros in its other token rows.
 void launch_build_operand_image(const Q8Plane& plane, int n_tokens, int width, const OperandImage& image,

@@ -657,10 +657,17 @@ void launch_format(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_
 
 int64_t wgmma_operand_bytes(int width) { return int64_t(width / 256) * kImageBytes; }
 
+void check_operand_image(const char* writer, const OperandImage& image, int n_tokens, int width) {
+  if (image.format == OperandFormat::None) return;
+  if (!image.image || n_tokens < 1 || n_tokens > kTokens || width % 256 != 0)
+    fail(writer, ": an operand image of ", n_tokens, " rows of ", width, " (1..", kTokens,
+         " rows of whole 256-column groups)");
+}
+
 void launch_build_operand_image(const Q8Plane& plane, int n_tokens, int width, const OperandImage& image,
                                 const KernelStream& s) {
-  if (image.format == OperandFormat::None || !image.image || width % 256 != 0 || n_tokens < 1 || n_tokens > kTokens)
-    fail("operand image: ", n_tokens, " tokens of ", width, " columns (1..", kTokens, " tokens of whole groups)");
+  if (image.format == OperandFormat::None) fail("operand image: no format to build");
+  check_operand_image("operand image", image, n_tokens, width);
   launch_builder(plane, n_tokens, width / 256, image, s.stream);
 }
 
