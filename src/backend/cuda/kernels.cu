@@ -145,7 +145,6 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
   if (valid) operand_image::write_operand_token(image, q8, row, b / 8, b % 8);
 }
 
-
 void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int ld_out, int n_rows,
                      int width, int group, float eps, const Q8Plane& q8, int q8_rows, const KernelStream& s,
                      uint16_t* bf16, const OperandImage& image) {

@@ -501,16 +501,25 @@ OperandFormat operand_format_of(GgmlType t) {
   return t == GgmlType::Q4_K ? OperandFormat::Q4K : t == GgmlType::Q6_K ? OperandFormat::Q6K : OperandFormat::None;
 }
 
+// One launch per weight type among the segments (a kernel per type keeps its registers to what
+// that type needs), in the order the types first appear: the segments of segs[first]'s type from
+// first on, in order, into of_type (marked taken); returns their count.
+int segments_of_type(const MatSeg* segs, int n_segs, int first, bool (&taken)[kMaxMatSegs],
+                     MatSeg (&of_type)[kMaxMatSegs]) {
+  int n = 0;
+  for (int i = first; i < n_segs; ++i)
+    if (segs[i].w.type == segs[first].w.type) taken[i] = true, of_type[n++] = segs[i];
+  return n;
+}
+
 }  // namespace
 
 OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  bool done[kMaxMatSegs] = {};
+  bool taken[kMaxMatSegs] = {};
   for (int first = 0; first < n_segs && first < kMaxMatSegs; ++first) {
-    if (done[first]) continue;
+    if (taken[first]) continue;
     MatSeg of_type[kMaxMatSegs];
-    int n = 0;
-    for (int i = first; i < n_segs; ++i)
-      if (segs[i].w.type == segs[first].w.type) done[i] = true, of_type[n++] = segs[i];
+    const int n = segments_of_type(segs, n_segs, first, taken, of_type);
     if (matmul_wgmma_takes(of_type, n, n_tokens, extra)) return operand_format_of(segs[first].w.type);
   }
   return OperandFormat::None;
@@ -532,21 +541,17 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
   }
   if (n_tokens <= 0) return;
   MatVecExtra launch_extra = extra;  // its operand_ready follows the image through the launches
-  // One launch per weight type among the segments (a kernel per type keeps its registers to
-  // what that type needs), in the order the types first appear.
-  bool done[kMaxMatSegs] = {};
+  bool taken[kMaxMatSegs] = {};
   for (int first = 0; first < n_segs; ++first) {
-    if (done[first]) continue;
+    if (taken[first]) continue;
     const GgmlType type = segs[first].w.type;
     MmaArgs a{};
+    a.n_segs = segments_of_type(segs, n_segs, first, taken, a.seg);
     int row_tiles = 0;
-    for (int i = first; i < n_segs; ++i) {
-      if (segs[i].w.type != type) continue;
-      done[i] = true;
-      a.seg[a.n_segs] = segs[i];
-      a.first_block[a.n_segs++] = row_tiles;
-      const bool roped = segs[i].epi == Epilogue::RopeQ || segs[i].epi == Epilogue::RopeK;
-      row_tiles += roped ? (segs[i].w.rows / 2 + 7) / 8 : (segs[i].w.rows + kTileRows - 1) / kTileRows;
+    for (int i = 0; i < a.n_segs; ++i) {
+      a.first_block[i] = row_tiles;
+      const bool roped = a.seg[i].epi == Epilogue::RopeQ || a.seg[i].epi == Epilogue::RopeK;
+      row_tiles += roped ? (a.seg[i].w.rows / 2 + 7) / 8 : (a.seg[i].w.rows + kTileRows - 1) / kTileRows;
     }
     a.first_block[a.n_segs] = row_tiles;
     if (matmul_wgmma_takes(a.seg, a.n_segs, n_tokens, launch_extra)) {
