@@ -75,24 +75,28 @@ void time_gemm(benchmark::State& state, cuda::PrefillGemm g, double flops) {
   const size_t workspace_bytes = cuda::prefill_gemm_workspace_bytes(g);
   DeviceMemory workspace(std::max<size_t>(workspace_bytes, 256));
   g.workspace = static_cast<float*>(workspace.ptr), g.workspace_bytes = workspace_bytes;
+  const size_t image_bytes = cuda::prefill_gemm_weight_image_bytes(g);  // the engine's buffer holds every launch's
+  DeviceMemory image(image_bytes);
+  g.weight_image_buffer = static_cast<uint8_t*>(image.ptr), g.weight_image_buffer_bytes = image_bytes;
   time_with_events(state, flops, [&] { cuda::launch_prefill_gemm(g, nullptr); });
   const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
   state.counters["splits"] = plan.k_splits;
   state.counters["m_tile"] = plan.m_tile;
   state.counters["n_tile"] = plan.n_tile;
   state.counters["wgmma"] = plan.wgmma;
+  state.counters["weight_image"] = plan.weight_image;
 }
 
 void bench_gemm(benchmark::State& state, GgmlType type, int64_t n, int64_t k, int64_t m, int m_tile,
                 int k_splits = 0, int64_t m_plan = 0, int n_tile = 0, int wgmma = 0, bool swiglu = false,
-                int64_t n_plan = 0) {
+                int64_t n_plan = 0, int weight_image = 0) {
   DeviceMemory y(size_t(m * n) * 4), y_bf16(size_t(m * n) * 2);
   cuda::PrefillGemm g;
   g.w_type = type, g.w = device_weights(type, n, k), g.n = n, g.k = k;
   if (swiglu) g.w_up = device_weights(type, n, k, 1), g.y_bf16 = static_cast<uint16_t*>(y_bf16.ptr);
   g.x = static_cast<const uint16_t*>(device_random_16bit(size_t(m * k), true, 99)), g.ldx = k, g.m = m;
   g.y = static_cast<float*>(y.ptr), g.ldy = n, g.m_tile = m_tile, g.k_splits = k_splits;
-  g.m_plan = m_plan, g.n_plan = n_plan, g.n_tile = n_tile, g.wgmma = wgmma;
+  g.m_plan = m_plan, g.n_plan = n_plan, g.n_tile = n_tile, g.wgmma = wgmma, g.weight_image = weight_image;
   time_gemm(state, g, (swiglu ? 4.0 : 2.0) * double(m) * double(n) * double(k));
 }
 
@@ -270,6 +274,24 @@ int register_all() {
           s.counters["per_forward"] = g.per_forward;
         });
       }
+  // The weight image forced on and off (PrefillGemm::weight_image) at the engine's plan, the sweep
+  // kPrefillGemmWeightImageMinTokens was chosen from: gemm/7B/<matrix>/<type>/M<m>/plan512/image
+  // and .../noimage, gemm/7B/ffn_gate_up_swiglu/<type>/M<m>/image and .../noimage.
+  for (int64_t m : {384, 512, 768, 1063, 2048, 4096})
+    for (const int image : {1, -1}) {
+      const std::string tokens = "/M" + std::to_string(m), which = image == 1 ? "/image" : "/noimage";
+      for (const PromptGemm& g : mix7b)
+        add("gemm/7B/" + g.matrix + "/" + type_traits(g.type).name + tokens + "/plan512" + which,
+            [=](benchmark::State& s) {
+              bench_gemm(s, g.type, g.n, g.k, m, 0, 0, 512, 0, 0, false, g.group_rows, image);
+              s.counters["per_forward"] = g.per_forward;
+            });
+      const auto gate = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "ffn_gate"; });
+      add("gemm/7B/ffn_gate_up_swiglu/" + std::string(type_traits(gate->type).name) + tokens + which,
+          [t = gate->type, n = gate->n, k = gate->k, m, image](benchmark::State& s) {
+            bench_gemm(s, t, n, k, m, 0, 0, 512, 0, 0, true, 0, image);
+          });
+    }
   add("attention/7B/M4096/d0", [](benchmark::State& s) { bench_attention(s, 28, 4, 4096, 0); });
   return 0;
 }

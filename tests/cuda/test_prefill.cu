@@ -404,29 +404,37 @@ TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
     } else {
       g.bias = bias.ptr, g.residual = residual.ptr, g.k_splits = std::string(what) == "split-K" ? 3 : 1;
     }
-    const auto run = [&](int ws, int ctas, int tma, DeviceBuffer<float>& out, DeviceBuffer<uint16_t>& out_plane) {
+    DeviceBuffer<uint8_t> image(cuda::prefill_gemm_weight_image_bytes(g));
+    const auto run = [&](int ws, int ctas, int tma, int weight_image, DeviceBuffer<float>& out,
+                         DeviceBuffer<uint16_t>& out_plane) {
       g.warp_specialized = ws, g.ctas = ctas, g.tma = tma, g.y = out.ptr;
+      g.weight_image = weight_image, g.weight_image_buffer = image.ptr, g.weight_image_buffer_bytes = image.count;
       if (g.w_up) g.y_bf16 = out_plane.ptr;
       out.fill_bytes(0xFF);
       out_plane.fill_bytes(0xFF);
-      ASSERT_EQ(cuda::prefill_gemm_plan(g).warp_specialized, ws == 1) << what;
-      ASSERT_EQ(cuda::prefill_gemm_plan(g).tma, ws == 1 && tma == 1) << what;
+      image.fill_bytes(0xFF);
+      const cuda::PrefillGemmPlan plan = cuda::prefill_gemm_plan(g);
+      ASSERT_EQ(plan.warp_specialized, ws == 1) << what;
+      ASSERT_EQ(plan.tma, ws == 1 && tma == 1) << what;
+      ASSERT_EQ(plan.weight_image, ws == 1 && weight_image == 1) << what;
       cuda::launch_prefill_gemm(g, nullptr);
       check(cudaDeviceSynchronize(), what);
     };
-    run(-1, 0, 0, y_ref, plane_ref);
+    run(-1, 0, 0, -1, y_ref, plane_ref);
     const std::vector<float> a = y_ref.download();
     const std::vector<uint16_t> pa = plane_ref.download();
     for (const int ctas : {0, 2})
-      for (const int tma : {1, -1}) {
-        run(1, ctas, tma, y, plane);
-        const std::vector<float> b = y.download();
-        const std::vector<uint16_t> pb = plane.download();
-        const std::string where = std::string(type_traits(type).name) + " " + what + " ctas " + std::to_string(ctas) +
-                                  (tma == 1 ? " tma" : " cp.async");
-        EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << where;
-        EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 2), 0) << where;
-      }
+      for (const int tma : {1, -1})
+        for (const int weight_image : {-1, 1}) {
+          run(1, ctas, tma, weight_image, y, plane);
+          const std::vector<float> b = y.download();
+          const std::vector<uint16_t> pb = plane.download();
+          const std::string where = std::string(type_traits(type).name) + " " + what + " ctas " +
+                                    std::to_string(ctas) + (tma == 1 ? " tma" : " cp.async") +
+                                    (weight_image == 1 ? " weight image" : "");
+          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << where;
+          EXPECT_EQ(std::memcmp(pa.data(), pb.data(), pa.size() * 2), 0) << where;
+        }
   }
 }
 
@@ -476,6 +484,34 @@ class ScopedEnv {
   const char* name_;
   std::optional<std::string> previous_;
 };
+
+// The weight image is the automatic choice from its token count on, where the buffer holds it and
+// MINFER_NO_GEMM_WEIGHT_IMAGE is not set; a forced image without a buffer is an error.
+TEST(PrefillGemm, WeightImageFollowsTokensAndBuffer) {
+  REQUIRE_DEVICE();
+  if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "the weight image serves warp-specialized tiles";
+  const ScopedEnv image_on("MINFER_NO_GEMM_WEIGHT_IMAGE", "0");  // whatever the caller's environment says
+  PrefillGemm g;
+  g.w_type = GgmlType::Q4_K, g.w = reinterpret_cast<const void*>(uintptr_t(256)), g.n = 18944, g.k = 3584;
+  g.x = reinterpret_cast<const uint16_t*>(uintptr_t(256)), g.ldx = g.k, g.ldy = g.n;
+  g.y = reinterpret_cast<float*>(uintptr_t(256)), g.m_plan = 512, g.sm_count = 132;
+  const size_t bytes = cuda::prefill_gemm_weight_image_bytes(g);
+  EXPECT_EQ(bytes, size_t(18944 / 128) * size_t(3584 / 64) * 16384);
+  g.weight_image_buffer = reinterpret_cast<uint8_t*>(uintptr_t(256)), g.weight_image_buffer_bytes = bytes;
+  g.m = cuda::kPrefillGemmWeightImageMinTokens;
+  EXPECT_TRUE(cuda::prefill_gemm_plan(g).weight_image);
+  g.m = cuda::kPrefillGemmWeightImageMinTokens - 1;
+  EXPECT_FALSE(cuda::prefill_gemm_plan(g).weight_image);
+  g.m = 4096;
+  {
+    ScopedEnv off("MINFER_NO_GEMM_WEIGHT_IMAGE", "1");
+    EXPECT_FALSE(cuda::prefill_gemm_plan(g).weight_image);
+  }
+  g.weight_image_buffer_bytes = bytes - 1;
+  EXPECT_FALSE(cuda::prefill_gemm_plan(g).weight_image);
+  g.weight_image = 1, g.weight_image_buffer = nullptr;
+  EXPECT_THROW(cuda::launch_prefill_gemm(g, nullptr), Error);
+}
 
 TEST(PrefillGemm, AutomaticSplitKOnlyForSmallGrids) {
   REQUIRE_DEVICE();

@@ -114,6 +114,7 @@ struct CudaBackend::Impl {
   // launch; two, so the SwiGLU GEMM reads one and writes the other (Launch::bf16_in / bf16_out).
   DeviceArray<uint16_t> bf16[2];
   DeviceArray<float> attn_part, gemm_workspace;
+  DeviceArray<uint8_t> gemm_weight_image;  // PrefillGemm::weight_image_buffer (empty below its token count)
   DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
   DeviceArray<ArgmaxCandidate> argmax_candidates;
   DeviceArray<int32_t> d_chunks;  // PrefillChunk[max_tokens] | PrefillTile[2 max_tokens]
@@ -203,6 +204,24 @@ struct CudaBackend::Impl {
     }
     return int64_t(most) + 3 * 256;  // the runs of one group start 256-byte aligned (prompt_stacked)
   }
+  // The largest weight image of a prompt GEMM (a whole group at most; + 384 rows: up to three runs
+  // of a group each round up to whole 128-row tiles), where steps of `tokens` reach the image's
+  // token count on a device with the warp-specialized GEMM.
+  int64_t weight_image_needed(int tokens) const {
+    if (tokens < kPrefillGemmWeightImageMinTokens || !prefill_gemm_device_has_wgmma() ||
+        env_flag("MINFER_NO_GEMM_WEIGHT_IMAGE"))
+      return 0;
+    size_t most = 0;
+    for (size_t i = 0; i < graph.nodes.size(); ++i) {
+      const Node& n = graph.nodes[i];
+      if (n.op != Op::MatMul || !prefill_gemm_supports(n.weight->type)) continue;
+      PrefillGemm g;
+      g.n = group_rows(i) + 384;
+      g.k = n.weight->shape[0];
+      most = std::max(most, prefill_gemm_weight_image_bytes(g));
+    }
+    return int64_t(most);
+  }
   int splits_for_decode() const { return decode_attention_splits(ctx.sm_count, hp.n_head_kv); }
   // Rows of the buffers of output rows and generated tokens (at most `outputs` a step: the logits,
   // the gathered output rows, the decode attention's partials), a captured decode step's padded
@@ -225,7 +244,7 @@ struct CudaBackend::Impl {
     floats += attention_workspace_floats(output_capacity(tokens, outputs), hp.n_head, hp.head_dim, splits_for_decode());
     const int64_t planes = input_width();
     return floats * 4 + q8_plane_bytes(tokens, int(planes)) + 2 * (int64_t(tokens) * planes * 2) +
-           gemm_workspace_needed(tokens) + int64_t(tokens) * 64 + (decode_wgmma ? wgmma_operand_bytes(int(planes)) : 0);
+           gemm_workspace_needed(tokens) + weight_image_needed(tokens) + int64_t(tokens) * 64 + (decode_wgmma ? wgmma_operand_bytes(int(planes)) : 0);
   }
 
   void reserve(int n_blocks_, int block_size_, int max_tokens_, int max_outputs_) {
@@ -255,6 +274,8 @@ struct CudaBackend::Impl {
     attn_part = DeviceArray<float>(size_t(
         attention_workspace_floats(output_capacity(max_tokens, max_outputs), hp.n_head, hp.head_dim, decode_splits)));
     gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
+    if (const int64_t image = weight_image_needed(max_tokens))
+      gemm_weight_image = DeviceArray<uint8_t>(size_t(image), "cudaMalloc (prompt GEMM weight image)");
     if (decode_wgmma) {
       wgmma_operand = DeviceArray<uint8_t>(size_t(wgmma_operand_bytes(int(planes))));
       // A producer writes only its rows: the others stay finite (they reach no stored output)
@@ -805,6 +826,8 @@ struct CudaBackend::Impl {
     g.sm_count = ctx.sm_count;
     g.workspace = gemm_workspace.get();
     g.workspace_bytes = gemm_workspace.bytes();
+    g.weight_image_buffer = gemm_weight_image.get();
+    g.weight_image_buffer_bytes = gemm_weight_image.size();
     return g;
   }
   bool gemm_takes(const DevMat& m, int in, int out) const {
@@ -872,12 +895,20 @@ struct CudaBackend::Impl {
       check(cudaEventRecord(fork_event.get(), s.stream), "cudaEventRecord (fork)");
       check(cudaStreamWaitEvent(side_stream.get(), fork_event.get()), "cudaStreamWaitEvent (fork)");
     }
-    size_t used = 0;  // of the split-K workspace: the group's total covers every run at once
+    // Of the split-K workspace and the weight image: the group's total covers every run at once.
+    size_t used = 0, image_used = 0;
     for (size_t i = 0; i < runs.size(); ++i) {
       PrefillGemm& g = runs[i];
       g.workspace = gemm_workspace.get() + used / sizeof(float);
       g.workspace_bytes = gemm_workspace.bytes() - used;
-      if (beside) used += (prefill_gemm_workspace_bytes(g) + 255) / 256 * 256;
+      if (g.weight_image_buffer) {
+        g.weight_image_buffer += image_used;
+        g.weight_image_buffer_bytes -= image_used;
+      }
+      if (beside) {
+        used += (prefill_gemm_workspace_bytes(g) + 255) / 256 * 256;
+        image_used += prefill_gemm_weight_image_bytes(g);
+      }
       launch_prefill_gemm(g, beside && i > 0 ? side_stream.get() : s.stream);
     }
     if (beside) {

@@ -104,6 +104,15 @@ struct PrefillGemm {
   // (one instruction a stage) unless MINFER_NO_GEMM_TMA is set to anything but "0"; 1 forces it, -1
   // has every producer thread copy its 16-byte pieces (cp.async). The same bits either way.
   int tma = 0;
+  // Warp-specialized tiles: 0 decodes every weight tile once into weight_image_buffer (one launch
+  // before the GEMM) and has the stages copy it from there, where the launch has at least
+  // kPrefillGemmWeightImageMinTokens tokens (several 256-token m-tiles would each decode it again)
+  // and the buffer holds prefill_gemm_weight_image_bytes(g), unless MINFER_NO_GEMM_WEIGHT_IMAGE is
+  // set to anything but "0"; 1 forces it (the buffer must hold it), -1 has the producers decode.
+  // The stages hold the same bytes either way, so the same bits.
+  int weight_image = 0;
+  uint8_t* weight_image_buffer = nullptr;
+  size_t weight_image_buffer_bytes = 0;
   // Warp-specialized tiles run persistent: 0 launches one CTA an SM, each walking the launch's
   // tiles in turn; n > 0 launches at most n (tests: several tiles a CTA).
   int ctas = 0;
@@ -132,6 +141,10 @@ struct PrefillGemm {
 // is m * n * 4 <= 14.7 MB, so >= 4 slices fit).
 constexpr size_t kPrefillGemmWorkspaceBytes = size_t(64) << 20;
 
+// Tokens from which a warp-specialized launch decodes its weights once into the weight image
+// (PrefillGemm::weight_image): bench_prefill's image/noimage sweep (docs/14 §27).
+constexpr int64_t kPrefillGemmWeightImageMinTokens = 513;
+
 // What launch_prefill_gemm(g) runs: the m-tile and the effective number of K slices (1: no
 // split-K). Reads MINFER_NO_GEMM_SPLITK; g must pass launch_prefill_gemm's checks.
 struct PrefillGemmPlan {
@@ -142,10 +155,15 @@ struct PrefillGemmPlan {
   bool warp_specialized = false;  // 256-token tiles: producer and consumer warpgroups
   bool tma = false;               // warp-specialized: activation tiles by the tensor memory accelerator
   int ctas = 0;                   // warp-specialized: the persistent grid
+  bool weight_image = false;      // warp-specialized: the weights decoded once, before the GEMM
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
 // Workspace bytes launch_prefill_gemm(g) needs (0 without split-K).
 size_t prefill_gemm_workspace_bytes(const PrefillGemm& g);
+// Bytes of g's weight image (every weight tile of the launch decoded: its columns in tiles of 128
+// weight rows, 64 SwiGLU outputs, by its K in 64-element steps, 16 KB each), whether or not the
+// plan takes it.
+size_t prefill_gemm_weight_image_bytes(const PrefillGemm& g);
 
 // REQUIRES (checked, minfer::Error otherwise): prefill_gemm_supports(w_type); k % 256 == 0 for the
 // K types and k % 64 == 0 otherwise; n % 2 == 0; ldx >= k, ldx % 8 == 0; ldy >= n, ldy % 2 == 0;

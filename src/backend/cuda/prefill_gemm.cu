@@ -79,6 +79,9 @@ struct GemmParams {
   const uint8_t* w_up;  // SwiGLU (PrefillGemm::w_up; one segment), or null
   uint16_t* y_bf16;     // SwiGLU: y's bf16 plane, or null
   bool a_tma;           // warp-specialized: the activation tiles come by the tensor map
+  // Warp-specialized: the weight tiles already decoded (weight_image_kernel), [n-tile][K step] of
+  // WsShape::kBStageBytes each, copied into the stages as they are; null: the producers decode.
+  uint8_t* weight_image;
 };
 
 // The segment holding launch column `col`, and its first column. Selects rather than indexes, so
@@ -402,6 +405,18 @@ struct WeightChunk<GgmlType::F32, kParts> {  // converted at load time (f32 weig
   }
 };
 
+// Part w_part of weight tile row w_tile_row, decoded into the tile at dst (a stage in shared
+// memory, or a weight image in global memory: the same bytes at the same offsets).
+template <GgmlType T, int kParts>
+__device__ __forceinline__ void store_weight_part(uint8_t* dst, const WeightChunk<T, kParts>& w, int w_tile_row,
+                                                  int w_part) {
+  const auto scales = w.scales();
+  const int chunk0 = w_part * PartShape<kParts>::kChunks;
+  [&]<int... c>(std::integer_sequence<int, c...>) {
+    ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = w.template chunk<c>(scales)), ...);
+  }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
+}
+
 // ---- the kernel ------------------------------------------------------------------------------------
 
 // The epilogue: accumulator (i, j, e) of this thread is row row_of(i) + 8 * (e >= 2), column n0 +
@@ -546,12 +561,7 @@ __global__ void __launch_bounds__(GemmShape<kBM, kBN>::kThreads) prefill_gemm_ke
   const uint8_t* w_row = weight_tile_row(p, seg, seg_n0, n0, w_tile_row, swiglu);
   WeightChunk<T, kParts> weights;
   auto store_b = [&](int buffer) {
-    uint8_t* dst = b_smem_ptr + buffer * Shape::kBBufferBytes;
-    const int chunk0 = w_part * PartShape<kParts>::kChunks;
-    const auto scales = weights.scales();
-    [&]<int... c>(std::integer_sequence<int, c...>) {
-      ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = weights.template chunk<c>(scales)), ...);
-    }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
+    store_weight_part(b_smem_ptr + buffer * Shape::kBBufferBytes, weights, w_tile_row, w_part);
   };
 
   float acc[kAccM][kAccN][4];
@@ -725,8 +735,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
 
   if (tid == 0)
     for (int s = 0; s < kWsStages; ++s) {
-      // Every producer thread arrives once for its weight rows, and once more for its cp.async copies.
-      mbarrier_init(full(s), p.a_tma ? kWsProducerThreads : 2 * kWsProducerThreads);
+      // Every producer thread arrives once for its weight rows, and once more for its cp.async
+      // copies; with the weight image and the activation map, thread 0 alone fills a stage.
+      mbarrier_init(full(s), p.weight_image && p.a_tma ? 1 : p.a_tma ? kWsProducerThreads : 2 * kWsProducerThreads);
       mbarrier_init(empty(s), 256);
     }
   __syncthreads();  // the last block-wide barrier: the warpgroups part here
@@ -736,6 +747,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
   constexpr int kProducerGroups = kWsProducerThreads / 128;
   if (warp_group < kProducerGroups) {  // producer
     warpgroup_registers_down<kWsProducerRegisters>();
+    if (p.weight_image && p.a_tma && tid != 0) return;  // thread 0 copies both tiles; no barrier follows
     // Part tid % kParts of weight tile row tid / kParts.
     constexpr int kParts = kWsProducerThreads / 128;
     const int w_tile_row = tid / kParts, w_part = tid % kParts;
@@ -756,8 +768,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
       // Weights are loaded two steps ahead of their dequantization (a register pair of chunks),
       // so an HBM latency hides behind two steps of multiply.
       WeightChunk<T, kParts> weights[2];
-      weights[0].load(w_row, t.first_step * kBK, w_part);
-      if (t.steps > 1) weights[1].load(w_row, (t.first_step + 1) * kBK, w_part);
+      const uint8_t* const image =
+          p.weight_image ? p.weight_image + (int64_t(t.n0 / work.n_per_tile) * work.k_steps + t.first_step) *
+                                                WsShape::kBStageBytes
+                         : nullptr;
+      if (!image) {
+        weights[0].load(w_row, t.first_step * kBK, w_part);
+        if (t.steps > 1) weights[1].load(w_row, (t.first_step + 1) * kBK, w_part);
+      }
       const auto produce = [&](int step, WeightChunk<T, kParts>& w) {
         const int s = (ring + step) % kWsStages;
         mbarrier_wait(empty(s), (((ring + step) / kWsStages) & 1) ^ 1);  // the first round passes at once
@@ -775,14 +793,17 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
           }
           cp_async_mbarrier_arrive(full(s));
         }
-        uint8_t* dst = tiles_ptr + b_offset(s);
-        const auto scales = w.scales();
-        const int chunk0 = w_part * PartShape<kParts>::kChunks;
-        [&]<int... c>(std::integer_sequence<int, c...>) {
-          ((*reinterpret_cast<uint4*>(dst + Tile::offset(w_tile_row, chunk0 + c)) = w.template chunk<c>(scales)), ...);
-        }(std::make_integer_sequence<int, PartShape<kParts>::kChunks>{});
-        if (step + 2 < t.steps) w.load(w_row, (t.first_step + step + 2) * kBK, w_part);
-        fence_proxy_async_shared();  // the weight stores, for the consumers' wgmma
+        if (image) {
+          if (tid == 0) {
+            mbarrier_expect_tx(full(s), WsShape::kBStageBytes);
+            bulk_copy_to_shared(tiles + b_offset(s), image + int64_t(step) * WsShape::kBStageBytes,
+                                WsShape::kBStageBytes, full(s));
+          }
+        } else {
+          store_weight_part(tiles_ptr + b_offset(s), w, w_tile_row, w_part);
+          if (step + 2 < t.steps) w.load(w_row, (t.first_step + step + 2) * kBK, w_part);
+          fence_proxy_async_shared();  // the weight stores, for the consumers' wgmma
+        }
         mbarrier_arrive(full(s));
       };
       for (int step = 0; step < t.steps; step += 2) {
@@ -837,6 +858,53 @@ __global__ void __launch_bounds__(kWsThreads, 1) prefill_gemm_ws_kernel(const Ge
     const auto tile_col_of = [&](int j) { return j * 8 + 2 * (lane & 3); };
     store_tile<kCanSwiGLU, kSplitK>(p, acc, t.n0, t.slice, seg, seg_n0, swiglu, row_of, tile_col_of);
   }
+}
+
+// The weight image of a warp-specialized launch: each tile the producers would store into a
+// stage, with their threads' rows and parts (store_weight_part), so a stage gets the same bytes
+// from the image as from its producers. A launch of several 256-token m-tiles then decodes each
+// weight once instead of once per m-tile (docs/14 §27). Block (n-tile, run) decodes `run_steps`
+// consecutive K steps of its tile's rows, each thread its row part two steps ahead (as the
+// producers do), into one of two tiles in shared memory, which thread 0 then copies out whole by
+// the tensor memory accelerator: 16-byte stores scattered over 128 rows ran at a third of the
+// copy rate (ncu, docs/14 §27).
+// REQUIRES: blockDim.x == kWsProducerThreads; grid (n-tiles of WsWork, ceil(k / kBK / run_steps)).
+template <GgmlType T>
+__global__ void __launch_bounds__(kWsProducerThreads) weight_image_kernel(const GemmParams p, uint8_t* image,
+                                                                          int run_steps) {
+  __shared__ __align__(128) uint8_t tiles[2][WsShape::kBStageBytes];
+  constexpr int kParts = kWsProducerThreads / 128;
+  const bool swiglu = p.w_up != nullptr;
+  const int n0 = int(blockIdx.x) * (swiglu ? 64 : 128), k_steps = p.k / kBK;
+  const int first_step = int(blockIdx.y) * run_steps, steps = min(run_steps, k_steps - first_step);
+  const int w_tile_row = int(threadIdx.x) / kParts, w_part = int(threadIdx.x) % kParts;
+  int seg_n0;
+  const GemmSegment seg = segment_at(p, n0, seg_n0);
+  const uint8_t* w_row = weight_tile_row(p, seg, seg_n0, n0, w_tile_row, swiglu);
+  uint8_t* out = image + (int64_t(blockIdx.x) * k_steps + first_step) * WsShape::kBStageBytes;
+  WeightChunk<T, kParts> weights[2];
+  weights[0].load(w_row, first_step * kBK, w_part);
+  if (steps > 1) weights[1].load(w_row, (first_step + 1) * kBK, w_part);
+  const auto decode = [&](int step, WeightChunk<T, kParts>& w) {
+    uint8_t* tile = tiles[step & 1];
+    if (step >= 2) {  // the copy out of this tile two steps ago has read it
+      if (threadIdx.x == 0) bulk_wait_read<1>();
+      __syncthreads();
+    }
+    store_weight_part(tile, w, w_tile_row, w_part);
+    if (step + 2 < steps) w.load(w_row, (first_step + step + 2) * kBK, w_part);
+    fence_proxy_async_shared();  // the tile's stores, for the copy engine
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      bulk_copy_to_global(out + int64_t(step) * WsShape::kBStageBytes, shared_address(tile), WsShape::kBStageBytes);
+      bulk_commit();
+    }
+  };
+  for (int step = 0; step < steps; step += 2) {
+    decode(step, weights[0]);
+    if (step + 1 < steps) decode(step + 1, weights[1]);
+  }
+  if (threadIdx.x == 0) bulk_wait_read<0>();  // shared memory stays until the last copy has read it
 }
 
 // y[r][c] = sum over slices s in order 0.. of partial[s][r][c] (+ bias[c]) (+ residual[r][c]):
@@ -919,6 +987,16 @@ void launch_warp_specialized(const GemmParams& p, int ctas, cudaStream_t stream)
 
 template <GgmlType T>
 void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
+  if (p.weight_image) {
+    const int n_tiles = (p.n + (p.w_up ? 63 : 127)) / (p.w_up ? 64 : 128);
+    // Runs of 2 to 8 K steps a block, shorter where the image is small: about 8 blocks for each
+    // of an H200's 132 SMs (the run length never changes a byte of the image).
+    constexpr int kImageBlocks = 8 * 132;
+    const int k_steps = p.k / kBK;
+    const int run_steps = std::clamp(int(int64_t(n_tiles) * k_steps / kImageBlocks), 2, 8);
+    const int runs = (k_steps + run_steps - 1) / run_steps;
+    weight_image_kernel<T><<<dim3(n_tiles, runs), kWsProducerThreads, 0, stream>>>(p, p.weight_image, run_steps);
+  }
   if (plan.m_tile == 256 && plan.warp_specialized)
     plan.k_splits > 1 ? launch_warp_specialized<T, true>(p, plan.ctas, stream)
                       : launch_warp_specialized<T, false>(p, plan.ctas, stream);
@@ -1091,6 +1169,10 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
     const int64_t most = g.ctas > 0 ? g.ctas : env_flag("MINFER_NO_PERSISTENT_GEMM") ? items : sm_count;
     plan.ctas = int(std::min<int64_t>(items, most));
     plan.tma = g.tma == 1 || (g.tma == 0 && !env_flag("MINFER_NO_GEMM_TMA"));
+    plan.weight_image = g.weight_image == 1 ||
+                        (g.weight_image == 0 && g.m >= kPrefillGemmWeightImageMinTokens && g.weight_image_buffer &&
+                         g.weight_image_buffer_bytes >= prefill_gemm_weight_image_bytes(g) &&
+                         !env_flag("MINFER_NO_GEMM_WEIGHT_IMAGE"));
   }
   // The n-tile follows the tokens actually present (it does not change any output's sums).
   plan.n_tile = plan_n_tile(g, plan, sm_count);
@@ -1116,6 +1198,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
     fail("prefill GEMM: warp_specialized ", g.warp_specialized, " is not -1, 0 or 1");
   if (g.ctas < 0) fail("prefill GEMM: ctas ", g.ctas, " is negative");
   if (g.tma < -1 || g.tma > 1) fail("prefill GEMM: tma ", g.tma, " is not -1, 0 or 1");
+  if (g.weight_image < -1 || g.weight_image > 1)
+    fail("prefill GEMM: weight_image ", g.weight_image, " is not -1, 0 or 1");
   if (g.m > INT32_MAX || g.n > INT32_MAX || g.k > INT32_MAX)
     fail("prefill GEMM: dimensions ", g.m, " x ", g.n, " x ", g.k, " exceed 32-bit indexing");
   if (!g.x) fail("prefill GEMM: null activation pointer");
@@ -1170,6 +1254,14 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
   p.slice_steps = (steps + plan.k_splits - 1) / plan.k_splits;
   p.w_up = static_cast<const uint8_t*>(g.w_up), p.y_bf16 = g.y_bf16;
   p.a_tma = plan.tma;
+  if (plan.weight_image) {
+    const size_t need = prefill_gemm_weight_image_bytes(g);
+    if (!g.weight_image_buffer || need > g.weight_image_buffer_bytes)
+      fail("prefill GEMM: the weight image of ", n_all, " x ", g.k, " needs ", need, " bytes, more than the ",
+           g.weight_image_buffer ? g.weight_image_buffer_bytes : 0, " given");
+    if (reinterpret_cast<uintptr_t>(g.weight_image_buffer) % 16) fail("prefill GEMM: the weight image must be 16-byte aligned");
+    p.weight_image = g.weight_image_buffer;
+  }
   if (plan.k_splits > 1) {
     const size_t need = split_k_bytes(plan, g.m, n_all);
     if (!g.workspace || need > g.workspace_bytes)
@@ -1199,6 +1291,11 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
 size_t prefill_gemm_workspace_bytes(const PrefillGemm& g) {
   const PrefillGemmPlan plan = prefill_gemm_plan(g);
   return split_k_bytes(plan, g.m, launch_columns(g));
+}
+
+size_t prefill_gemm_weight_image_bytes(const PrefillGemm& g) {
+  const int64_t columns = g.w_up ? 2 * g.n : launch_columns(g);  // SwiGLU: 64 outputs are 128 rows
+  return size_t((columns + 127) / 128) * size_t(g.k / kBK) * WsShape::kBStageBytes;
 }
 
 void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {

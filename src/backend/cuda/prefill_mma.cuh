@@ -244,6 +244,25 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map
           "r"(dst), "l"(tensor_map), "r"(inner), "r"(outer), "r"(bar)
       : "memory");
 }
+// The tensor memory accelerator copies `bytes` (a multiple of 16; both addresses 16-byte aligned)
+// from global memory at src to shared memory at dst unchanged, and counts them on the barrier bar.
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// The tensor memory accelerator copies `bytes` (a multiple of 16; both addresses 16-byte aligned)
+// from shared memory at src to global memory at dst unchanged, in this thread's current bulk group
+// (bulk_commit closes it; bulk_wait_read<n> waits until at most n groups still read their source).
+__device__ __forceinline__ void bulk_copy_to_global(void* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n"
