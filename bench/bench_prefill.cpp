@@ -223,6 +223,8 @@ int register_all() {
   // The other weight types the GEMM serves, at the 7B's gate and down shapes (those the mix
   // already has are above).
   const std::vector<PromptGemm> mix7b = prompt_gemms(synth::find_preset("qwen2.5-7b"));
+  const auto gate =
+      std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "ffn_gate"; });
   for (GgmlType t : {GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::F16})
     for (const std::string matrix : {"ffn_gate", "ffn_down"}) {
       const auto same = std::find_if(mix7b.begin(), mix7b.end(), [&](const PromptGemm& g) { return g.matrix == matrix; });
@@ -234,7 +236,6 @@ int register_all() {
   // Gate, up and the swiglu in one GEMM (MINFER_NO_GEMM_SWIGLU=1 runs ffn_gate, ffn_up and the
   // swiglu kernel instead): gemm/7B/ffn_gate_up_swiglu/<type>/M<m>.
   for (int64_t m : {70, 512, 4096}) {
-    const auto gate = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "ffn_gate"; });
     add("gemm/7B/ffn_gate_up_swiglu/" + std::string(type_traits(gate->type).name) + "/M" + std::to_string(m),
         [t = gate->type, n = gate->n, k = gate->k, m](benchmark::State& s) {
           bench_gemm(s, t, n, k, m, 0, 0, 512, 0, 0, true);
@@ -274,9 +275,9 @@ int register_all() {
           s.counters["per_forward"] = g.per_forward;
         });
       }
-  // The weight image forced on and off (PrefillGemm::weight_image) at the engine's plan, the sweep
-  // kPrefillGemmWeightImageMinTokens was chosen from: gemm/7B/<matrix>/<type>/M<m>/plan512/image
-  // and .../noimage, gemm/7B/ffn_gate_up_swiglu/<type>/M<m>/image and .../noimage.
+  // The weight image forced on and off (PrefillGemm::weight_image) at the engine's plan, its pass
+  // included: gemm/7B/<matrix>/<type>/M<m>/plan512/image and .../noimage,
+  // gemm/7B/ffn_gate_up_swiglu/<type>/M<m>/image and .../noimage.
   for (int64_t m : {384, 512, 768, 1063, 2048, 4096})
     for (const int image : {1, -1}) {
       const std::string tokens = "/M" + std::to_string(m), which = image == 1 ? "/image" : "/noimage";
@@ -286,7 +287,6 @@ int register_all() {
               bench_gemm(s, g.type, g.n, g.k, m, 0, 0, 512, 0, 0, false, g.group_rows, image);
               s.counters["per_forward"] = g.per_forward;
             });
-      const auto gate = std::find_if(mix7b.begin(), mix7b.end(), [](const PromptGemm& g) { return g.matrix == "ffn_gate"; });
       add("gemm/7B/ffn_gate_up_swiglu/" + std::string(type_traits(gate->type).name) + tokens + which,
           [t = gate->type, n = gate->n, k = gate->k, m, image](benchmark::State& s) {
             bench_gemm(s, t, n, k, m, 0, 0, 512, 0, 0, true, 0, image);

@@ -244,7 +244,8 @@ struct CudaBackend::Impl {
     floats += attention_workspace_floats(output_capacity(tokens, outputs), hp.n_head, hp.head_dim, splits_for_decode());
     const int64_t planes = input_width();
     return floats * 4 + q8_plane_bytes(tokens, int(planes)) + 2 * (int64_t(tokens) * planes * 2) +
-           gemm_workspace_needed(tokens) + weight_image_needed(tokens) + int64_t(tokens) * 64 + (decode_wgmma ? wgmma_operand_bytes(int(planes)) : 0);
+           gemm_workspace_needed(tokens) + weight_image_needed(tokens) + int64_t(tokens) * 64 +
+           (decode_wgmma ? wgmma_operand_bytes(int(planes)) : 0);
   }
 
   void reserve(int n_blocks_, int block_size_, int max_tokens_, int max_outputs_) {

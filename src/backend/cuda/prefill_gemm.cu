@@ -1259,7 +1259,8 @@ void launch_prefill_gemm(const PrefillGemm& g, cudaStream_t stream) {
     if (!g.weight_image_buffer || need > g.weight_image_buffer_bytes)
       fail("prefill GEMM: the weight image of ", n_all, " x ", g.k, " needs ", need, " bytes, more than the ",
            g.weight_image_buffer ? g.weight_image_buffer_bytes : 0, " given");
-    if (reinterpret_cast<uintptr_t>(g.weight_image_buffer) % 16) fail("prefill GEMM: the weight image must be 16-byte aligned");
+    if (reinterpret_cast<uintptr_t>(g.weight_image_buffer) % 16)
+      fail("prefill GEMM: the weight image must be 16-byte aligned");
     p.weight_image = g.weight_image_buffer;
   }
   if (plan.k_splits > 1) {
