@@ -157,6 +157,7 @@ struct PrefillGemmPlan {
   bool tma = false;               // warp-specialized: activation tiles by the tensor memory accelerator
   int ctas = 0;                   // warp-specialized: the persistent grid
   bool weight_image = false;      // warp-specialized: the weights decoded once, before the GEMM
+  int image_run_steps = 0;        // weight image: the K steps a block of its decoding pass
 };
 PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g);
 // Workspace bytes launch_prefill_gemm(g) needs (0 without split-K).

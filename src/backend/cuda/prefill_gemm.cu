@@ -683,6 +683,10 @@ struct WsShape {
   static constexpr int kSmemBytes = kWsStages * kStageBytes + 2 * kWsStages * 8 + 1024;  // + barriers, alignment
 };
 
+// Launch columns a warp-specialized n-tile covers: 128 weight rows, or 64 SwiGLU outputs (a gate
+// and an up row each).
+__host__ __device__ constexpr int ws_columns_per_tile(bool swiglu) { return swiglu ? 64 : 128; }
+
 // The launch's work items: 256-token m-tile (fastest, so the CTAs that share a weight slice run
 // together), n-tile of 128 columns (64 SwiGLU outputs), K slice. A CTA takes items blockIdx.x,
 // blockIdx.x + gridDim.x, ... (persistent: the producers fill the next tile's stages while the
@@ -695,7 +699,7 @@ struct WsWork {
   int n_per_tile;
   __device__ WsWork(const GemmParams& p, bool swiglu)
       : m_tiles((p.m + 255) / 256), n_tiles(0), items(0), k_steps(p.k / kBK), slice_steps(p.slice_steps),
-        n_per_tile(swiglu ? 64 : 128) {
+        n_per_tile(ws_columns_per_tile(swiglu)) {
     n_tiles = (p.n + n_per_tile - 1) / n_per_tile;
     items = m_tiles * n_tiles * ((k_steps + slice_steps - 1) / slice_steps);
   }
@@ -875,7 +879,7 @@ __global__ void __launch_bounds__(kWsProducerThreads) weight_image_kernel(const 
   __shared__ __align__(128) uint8_t tiles[2][WsShape::kBStageBytes];
   constexpr int kParts = kWsProducerThreads / 128;
   const bool swiglu = p.w_up != nullptr;
-  const int n0 = int(blockIdx.x) * (swiglu ? 64 : 128), k_steps = p.k / kBK;
+  const int n0 = int(blockIdx.x) * ws_columns_per_tile(swiglu), k_steps = p.k / kBK;
   const int first_step = int(blockIdx.y) * run_steps, steps = min(run_steps, k_steps - first_step);
   const int w_tile_row = int(threadIdx.x) / kParts, w_part = int(threadIdx.x) % kParts;
   int seg_n0;
@@ -988,14 +992,10 @@ void launch_warp_specialized(const GemmParams& p, int ctas, cudaStream_t stream)
 template <GgmlType T>
 void launch_for_type(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stream) {
   if (p.weight_image) {
-    const int n_tiles = (p.n + (p.w_up ? 63 : 127)) / (p.w_up ? 64 : 128);
-    // Runs of 2 to 8 K steps a block, shorter where the image is small: about 8 blocks for each
-    // of an H200's 132 SMs (the run length never changes a byte of the image).
-    constexpr int kImageBlocks = 8 * 132;
-    const int k_steps = p.k / kBK;
-    const int run_steps = std::clamp(int(int64_t(n_tiles) * k_steps / kImageBlocks), 2, 8);
-    const int runs = (k_steps + run_steps - 1) / run_steps;
-    weight_image_kernel<T><<<dim3(n_tiles, runs), kWsProducerThreads, 0, stream>>>(p, p.weight_image, run_steps);
+    const int per_tile = ws_columns_per_tile(p.w_up != nullptr), n_tiles = (p.n + per_tile - 1) / per_tile;
+    const int runs = (p.k / kBK + plan.image_run_steps - 1) / plan.image_run_steps;
+    weight_image_kernel<T><<<dim3(n_tiles, runs), kWsProducerThreads, 0, stream>>>(p, p.weight_image,
+                                                                                 plan.image_run_steps);
   }
   if (plan.m_tile == 256 && plan.warp_specialized)
     plan.k_splits > 1 ? launch_warp_specialized<T, true>(p, plan.ctas, stream)
@@ -1173,6 +1173,10 @@ PrefillGemmPlan prefill_gemm_plan(const PrefillGemm& g) {
                         (g.weight_image == 0 && g.m >= kPrefillGemmWeightImageMinTokens && g.weight_image_buffer &&
                          g.weight_image_buffer_bytes >= prefill_gemm_weight_image_bytes(g) &&
                          !env_flag("MINFER_NO_GEMM_WEIGHT_IMAGE"));
+    if (plan.weight_image) {  // its pass in runs of 2 to 8 K steps a block, about 8 blocks an SM
+      const int64_t image_tiles = (g.n + 127) / 128 * steps;  // g: the launch's columns, no SwiGLU pairs
+      plan.image_run_steps = int(std::clamp<int64_t>(image_tiles / (8 * int64_t(sm_count)), 2, 8));
+    }
   }
   // The n-tile follows the tokens actually present (it does not change any output's sums).
   plan.n_tile = plan_n_tile(g, plan, sm_count);
@@ -1295,8 +1299,8 @@ size_t prefill_gemm_workspace_bytes(const PrefillGemm& g) {
 }
 
 size_t prefill_gemm_weight_image_bytes(const PrefillGemm& g) {
-  const int64_t columns = g.w_up ? 2 * g.n : launch_columns(g);  // SwiGLU: 64 outputs are 128 rows
-  return size_t((columns + 127) / 128) * size_t(g.k / kBK) * WsShape::kBStageBytes;
+  const int per_tile = ws_columns_per_tile(g.w_up != nullptr);
+  return size_t((launch_columns(g) + per_tile - 1) / per_tile) * size_t(g.k / kBK) * WsShape::kBStageBytes;
 }
 
 void launch_prefill_activation_bf16(const float* src, uint16_t* dst, int64_t n, cudaStream_t stream) {
