@@ -113,6 +113,25 @@ TEST(Plan, PromptAndMixedSteps) {
   for (const Launch& l : lower(build_graph(m), Fusions{}, kDecode)) EXPECT_FALSE(l.writes_bf16) << l.name;
 }
 
+// A decode step and a prompt step each stream every weight matrix once: their matmul launches'
+// weight bytes add up to the file's matrices (every 2-D tensor but the token embedding, which the
+// head reads only when tied), fused or not.
+TEST(Plan, MatmulLaunchesStreamEveryWeightMatrixOnce) {
+  for (const char* preset : {"tiny", "tiny-qwen3", "tiny-llama3"}) {
+    const Model& m = model(preset);
+    int64_t matrices = 0;
+    for (const Tensor& t : m.file.tensors())
+      if (t.shape.size() >= 2 && (&t != m.token_embd || m.hp.tied_embeddings)) matrices += int64_t(t.nbytes);
+    const Graph g = build_graph(m);
+    for (const Fusions& f : {Fusions{}, Fusions::none()})
+      for (const StepShape shape : {kDecode, kPrompt}) {
+        int64_t streamed = 0;
+        for (const Launch& l : lower(g, f, shape)) streamed += launch_weight_bytes(l, g);
+        EXPECT_EQ(streamed, matrices) << preset << (shape.decode ? " decode" : " prompt");
+      }
+  }
+}
+
 // Each opt-out removes exactly its rule; with all of them off every node is its own launch.
 TEST(Plan, EveryOptOutRemovesItsRule) {
   const Model& m = model("tiny");

@@ -330,4 +330,11 @@ std::vector<Launch> lower(const Graph& graph, const Fusions& fusions, StepShape 
   return Lowering(graph, fusions, shape).run();
 }
 
+int64_t launch_weight_bytes(const Launch& l, const Graph& graph) {
+  if (l.kind != LaunchKind::DecodeMatmul && l.kind != LaunchKind::PromptMatmul) return 0;
+  int64_t bytes = 0;
+  for (int s = 0; s < l.n_segs; ++s) bytes += int64_t(graph.nodes[size_t(l.seg_node[size_t(s)])].weight->nbytes);
+  return bytes;
+}
+
 }  // namespace minfer

@@ -99,4 +99,8 @@ struct StepShape {
 
 std::vector<Launch> lower(const Graph& graph, const Fusions& fusions, StepShape shape);
 
+// The GGUF bytes of the weight matrices a matmul launch streams (each segment's once); 0 for the
+// other launches. The census divides it (with the attention's KV bytes) by the copy rate.
+int64_t launch_weight_bytes(const Launch& l, const Graph& graph);
+
 }  // namespace minfer

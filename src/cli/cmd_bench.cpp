@@ -390,11 +390,22 @@ int run_bench(int argc, char** argv) {
       double total = 0;
       int launches = 0;
       for (const auto& k : kernels) total += k.microseconds, launches += k.launches;
-      std::printf("\n| kernel (%s) | launches | µs | share |\n| --- | ---: | ---: | ---: |\n", title.c_str());
+      // What a kernel must move at least (weights; the attention's K and V) against the copy rate.
+      const auto moved = [&](int64_t bytes, double us) -> std::string {
+        if (bytes <= 0 || us <= 0 || copy_rate <= 0) return "| | ";
+        char b[64];
+        std::snprintf(b, sizeof b, "| %.1f | %.1f%% ", double(bytes) / 1e6, 100.0 * double(bytes) / (us * 1e-6) / copy_rate);
+        return b;
+      };
+      int64_t total_bytes = 0;
+      for (const auto& k : kernels) total_bytes += k.bytes;
+      std::printf("\n| kernel (%s) | launches | µs | share | MB | of the copy rate |\n"
+                  "| --- | ---: | ---: | ---: | ---: | ---: |\n",
+                  title.c_str());
       for (const auto& k : kernels)
-        std::printf("| %s | %d | %.1f | %.1f%% |\n", k.name.c_str(), k.launches, k.microseconds,
-                    100.0 * k.microseconds / total);
-      std::printf("| total | %d | %.1f | 100%% |\n", launches, total);
+        std::printf("| %s | %d | %.1f | %.1f%% %s|\n", k.name.c_str(), k.launches, k.microseconds,
+                    100.0 * k.microseconds / total, moved(k.bytes, k.microseconds).c_str());
+      std::printf("| total | %d | %.1f | 100%% %s|\n", launches, total, moved(total_bytes, total).c_str());
     };
     const std::string at = " @ d" + std::to_string(ds.front());
     list_kernels("decode step x" + std::to_string(bs.front()) + at, [&] { bench.generate(1, bs.front()); });

@@ -575,9 +575,11 @@ TEST(GpuBackend, CensusCountsTheDecodeKernels) {
   const auto census = cb.census_result();
   int launches = 0;
   std::map<std::string, int> by_name;
+  std::map<std::string, int64_t> bytes;
   for (const auto& k : census) {
     launches += k.launches;
     by_name[k.name] = k.launches;
+    bytes[k.name] = k.bytes;
     EXPECT_GT(k.microseconds, 0.0) << k.name;
   }
   const int L = s.model.hp.n_layer;
@@ -590,6 +592,18 @@ TEST(GpuBackend, CensusCountsTheDecodeKernels) {
   EXPECT_EQ(by_name["attention_split_combine_quant_q8"], L);
   EXPECT_EQ(by_name["argmax"], 1);
   EXPECT_GT(launches, 0);
+  // The bytes each kernel must move: the matmuls stream every weight matrix once (the file's 2-D
+  // tensors but the token embedding: tiny's head is not tied); the attention reads K and V (f16) of
+  // the 6 positions its row attends to (the 5 of the prompt and its own) in every layer.
+  int64_t matrices = 0, streamed = 0;
+  for (const Tensor& t : s.model.file.tensors())
+    if (t.shape.size() >= 2 && &t != s.model.token_embd) matrices += int64_t(t.nbytes);
+  for (const auto& [name, n] : bytes)
+    if (name.rfind("matvec", 0) == 0) streamed += n;
+  EXPECT_EQ(streamed, matrices);
+  EXPECT_EQ(bytes["attention_split_combine_quant_q8"],
+            int64_t(L) * 6 * s.model.hp.n_head_kv * s.model.hp.head_dim * 2 * 2);
+  EXPECT_EQ(bytes["argmax"], 0);
 }
 
 // The step times count every forward since the reset, with device time that fits in the wall time

@@ -144,9 +144,16 @@ struct CudaBackend::Impl {
   std::array<Event, 2> step_end;
   bool have_previous_end = false;
 
-  // census
+  // census: each launch's events and the bytes it must move at least (its weights; attention: the
+  // K and V its rows attend to, kv_positions of them for the step's decode / prompt rows)
   bool census_next = false, timing = false;
-  std::vector<std::pair<std::string, std::pair<Event, Event>>> marks;
+  struct CensusMark {
+    std::string name;
+    int64_t bytes = 0;
+    Event begin, end;
+  };
+  std::vector<CensusMark> marks;
+  std::array<int64_t, 2> kv_positions{};  // [decode rows, prompt rows]
 
   Impl(const Model& m, Fusions f, int device)
       : model(m), graph(build_graph(m)), hp(m.hp), fusions(f), ctx(device), weights(m, graph, upload) {
@@ -463,7 +470,11 @@ struct CudaBackend::Impl {
     } else {
       eager_launches = lower(graph, f, shape);
       launches = &eager_launches;
-      if (timing) marks.clear();
+      if (timing) {
+        marks.clear();
+        kv_positions = {};
+        for (const SeqChunk& c : b.chunks) kv_positions[c.decode ? 0 : 1] += c.pos + c.n_tokens;
+      }
       const std::vector<LaunchImage> images = operand_images(eager_launches, geo, f);
       if (f.decode_beside_prompt && shape.decode && shape.prompt && !timing && !dump && lanes_apart(eager_launches)) {
         execute_beside(eager_launches, geo, f, images);
@@ -471,11 +482,11 @@ struct CudaBackend::Impl {
         for (size_t i = 0; i < eager_launches.size(); ++i) {
           const Launch& l = eager_launches[i];
           if (timing) {
-            marks.emplace_back(launch_name(l, geo), std::make_pair(Event(), Event()));
-            check(cudaEventRecord(marks.back().second.first.get(), stream.get()), "cudaEventRecord");
+            marks.push_back({launch_name(l, geo), census_bytes(l), Event(), Event()});
+            check(cudaEventRecord(marks.back().begin.get(), stream.get()), "cudaEventRecord");
           }
           execute(l, geo, f, images[i], serial());
-          if (timing) check(cudaEventRecord(marks.back().second.second.get(), stream.get()), "cudaEventRecord");
+          if (timing) check(cudaEventRecord(marks.back().end.get(), stream.get()), "cudaEventRecord");
           if (dump && l.completes_node >= 0) dump_output(l.completes_node, geo);
         }
       }
@@ -526,6 +537,11 @@ struct CudaBackend::Impl {
     ++step;
   }
 
+  int64_t census_bytes(const Launch& l) const {
+    if (l.kind == LaunchKind::DecodeAttention || l.kind == LaunchKind::PromptAttention)
+      return kv_positions[l.kind == LaunchKind::DecodeAttention ? 0 : 1] * kv_width() * 2 * int64_t(sizeof(uint16_t));
+    return launch_weight_bytes(l, graph);
+  }
   std::string launch_name(const Launch& l, const Geometry& geo) const {
     if (l.kind == LaunchKind::DecodeMatmul && use_mma(l, rows_of(l, geo).second)) return l.name + "_mma";
     return l.name;
@@ -979,13 +995,14 @@ const Fusions& CudaBackend::fusions() const { return impl_->fusions; }
 
 std::vector<KernelTime> CudaBackend::census_result() const {
   std::vector<KernelTime> out;
-  for (const auto& [name, events] : impl_->marks) {
+  for (const auto& mark : impl_->marks) {
     float ms = 0;
-    check(cudaEventElapsedTime(&ms, events.first.get(), events.second.get()), "cudaEventElapsedTime");
-    auto it = std::find_if(out.begin(), out.end(), [&](const KernelTime& k) { return k.name == name; });
-    if (it == out.end()) it = out.insert(out.end(), KernelTime{name, 0, 0.0});
+    check(cudaEventElapsedTime(&ms, mark.begin.get(), mark.end.get()), "cudaEventElapsedTime");
+    auto it = std::find_if(out.begin(), out.end(), [&](const KernelTime& k) { return k.name == mark.name; });
+    if (it == out.end()) it = out.insert(out.end(), KernelTime{mark.name});
     it->launches += 1;
     it->microseconds += 1000.0 * ms;
+    it->bytes += mark.bytes;
   }
   return out;
 }

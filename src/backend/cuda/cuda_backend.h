@@ -17,6 +17,9 @@ struct KernelTime {
   std::string name;
   int launches = 0;
   double microseconds = 0;
+  // What its launches must move at least: the GGUF weights of matmuls, the K and V (f16) the
+  // attention's rows attend to; 0 for the other kernels.
+  int64_t bytes = 0;
 };
 
 // Where decode and prompt steps spend their wall time, summed over the forwards since
