@@ -144,8 +144,7 @@ struct CudaBackend::Impl {
   std::array<Event, 2> step_end;
   bool have_previous_end = false;
 
-  // census: each launch's events and the bytes it must move at least (its weights; attention: the
-  // K and V its rows attend to, kv_positions of them for the step's decode / prompt rows)
+  // census: each launch's events and the bytes it must move at least (census_bytes)
   bool census_next = false, timing = false;
   struct CensusMark {
     std::string name;
@@ -153,7 +152,6 @@ struct CudaBackend::Impl {
     Event begin, end;
   };
   std::vector<CensusMark> marks;
-  std::array<int64_t, 2> kv_positions{};  // [decode rows, prompt rows]
 
   Impl(const Model& m, Fusions f, int device)
       : model(m), graph(build_graph(m)), hp(m.hp), fusions(f), ctx(device), weights(m, graph, upload) {
@@ -470,9 +468,9 @@ struct CudaBackend::Impl {
     } else {
       eager_launches = lower(graph, f, shape);
       launches = &eager_launches;
+      std::array<int64_t, 2> kv_positions{};  // the positions the step's decode / prompt rows attend to
       if (timing) {
         marks.clear();
-        kv_positions = {};
         for (const SeqChunk& c : b.chunks) kv_positions[c.decode ? 0 : 1] += c.pos + c.n_tokens;
       }
       const std::vector<LaunchImage> images = operand_images(eager_launches, geo, f);
@@ -482,7 +480,7 @@ struct CudaBackend::Impl {
         for (size_t i = 0; i < eager_launches.size(); ++i) {
           const Launch& l = eager_launches[i];
           if (timing) {
-            marks.push_back({launch_name(l, geo), census_bytes(l), Event(), Event()});
+            marks.push_back({launch_name(l, geo), census_bytes(l, kv_positions), Event(), Event()});
             check(cudaEventRecord(marks.back().begin.get(), stream.get()), "cudaEventRecord");
           }
           execute(l, geo, f, images[i], serial());
@@ -537,7 +535,9 @@ struct CudaBackend::Impl {
     ++step;
   }
 
-  int64_t census_bytes(const Launch& l) const {
+  // What a launch must move at least: a matmul's weights; the attention's K and V (f16) of the
+  // positions its rows attend to ([decode rows, prompt rows] of the step).
+  int64_t census_bytes(const Launch& l, const std::array<int64_t, 2>& kv_positions) const {
     if (l.kind == LaunchKind::DecodeAttention || l.kind == LaunchKind::PromptAttention)
       return kv_positions[l.kind == LaunchKind::DecodeAttention ? 0 : 1] * kv_width() * 2 * int64_t(sizeof(uint16_t));
     return launch_weight_bytes(l, graph);
