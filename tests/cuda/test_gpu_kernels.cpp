@@ -13,6 +13,8 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
+#include "convert/synth.h"
+#include "prefill_test_data.h"
 #include "quant/canonical_dot.h"
 #include "quant/quant.h"
 #include "sampling/draw.h"
@@ -591,10 +593,14 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     wgmma.wgmma_operand_bytes = cuda::wgmma_operand_bytes(sh.cols);
     const bool has_wgmma = (sh.t == GgmlType::Q4_K || (sh.t == GgmlType::Q6_K && sh.rows % 4 == 0)) &&
                            cuda::prefill_gemm_device_has_wgmma();
-    for (const char* kernel : {"matvec", "mma", "wgmma"})
+    // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles.
+    cuda::MatVecExtra three_ctas;
+    three_ctas.decode_ctas = 3;
+    for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
-        const bool wgmma_kernel = std::string(kernel) == "wgmma";
+        const bool wgmma_kernel = std::string(kernel) == "wgmma", few_ctas = std::string(kernel) == "mma 3 CTAs";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
+        if (few_ctas && n > 8) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
         seg.bias = dbias.get();
@@ -605,6 +611,8 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         if (wgmma_kernel) {
           ASSERT_TRUE(cuda::matmul_wgmma_takes(&seg, 1, n, wgmma));
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, wgmma, nullptr);
+        } else if (few_ctas) {
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, three_ctas, nullptr);
         } else if (std::string(kernel) == "mma") {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, {}, nullptr);
         } else {
@@ -615,6 +623,42 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
           ASSERT_EQ(got[i], want[i]) << type_traits(sh.t).name << " " << sh.rows << "x" << sh.cols << " " << kernel
                                      << " tokens " << n << " output " << i;
       }
+  }
+}
+
+// The 7B's gate+up launch (2,368 row tiles) and head (9,504) at 1 and 8 tokens: with CTAs taking
+// several row tiles each (the default) the bits of one CTA a row tile.
+TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
+  MINFER_REQUIRE_GPU();
+  const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
+  cuda::MatVecExtra one_a_tile;
+  one_a_tile.decode_ctas = -1;
+  struct Launch { GgmlType type; int rows, segments; };
+  for (const Launch& l : {Launch{GgmlType::Q4_K, preset.n_ff, 2}, Launch{GgmlType::Q6_K, preset.n_vocab, 1}}) {
+    const int cols = preset.n_embd;
+    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> out[2];
+    cuda::MatSeg segs[2][2];
+    for (int s = 0; s < l.segments; ++s) {
+      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
+          cuda::device_layout(l.type, test::random_weight_rows(l.type, l.rows, cols, 180 + uint64_t(s)))));
+      for (int v = 0; v < 2; ++v) {
+        out[v].push_back(std::make_unique<DeviceBuffer<float>>(size_t(8) * size_t(l.rows)));
+        segs[v][s].w = {l.type, l.rows, cols, w.back()->get()};
+        segs[v][s].out = out[v].back()->get();
+        segs[v][s].ld_out = l.rows;
+      }
+    }
+    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
+    for (int n : {1, 8}) {
+      cuda::launch_matmul_mma(segs[0], l.segments, plane.plane, n, {}, nullptr);
+      cuda::launch_matmul_mma(segs[1], l.segments, plane.plane, n, one_a_tile, nullptr);
+      for (int s = 0; s < l.segments; ++s) {
+        const auto a = out[0][size_t(s)]->download(), b = out[1][size_t(s)]->download();
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * size_t(l.rows) * 4), 0)
+            << type_traits(l.type).name << " " << l.rows << " rows, tokens " << n << ", segment " << s;
+      }
+    }
   }
 }
 

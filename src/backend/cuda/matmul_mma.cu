@@ -32,6 +32,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_device.cuh"
+#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -118,6 +119,7 @@ struct GroupQK45 {
   static constexpr int kGroupBytes = kBytes;
   static constexpr bool kPartialGroups = false;  // rows of whole groups (cols % 256 == 0)
   static constexpr int kBLead = 2;               // sub-blocks of B loads in flight ahead (NTF > 1)
+  static constexpr bool kSeveralTilesACta = true;  // at one fragment (matmul_mma_kernel)
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
   }
@@ -208,6 +210,7 @@ struct GroupQ6K {
   static constexpr int kGroupBytes = kQ6KDeviceBlockBytes;
   static constexpr bool kPartialGroups = false;
   static constexpr int kBLead = 2;
+  static constexpr bool kSeveralTilesACta = true;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kQ6KDeviceBlockBytes;
   }
@@ -274,6 +277,8 @@ struct GroupQ8 {
   // Its float Parts leave no registers for B loads a sub-block ahead (ptxas: spills 8 -> 84 bytes
   // at four fragments).
   static constexpr int kBLead = 0;
+  // Nor for a loop over several row tiles a CTA at one fragment (spills 56 -> 112 bytes).
+  static constexpr bool kSeveralTilesACta = false;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 32) + 8 * g) * 34;
   }
@@ -348,9 +353,11 @@ __device__ __forceinline__ void tile_row(const MatSeg& seg, const MatVecExtra& e
   if (!valid) row = 0;  // loads stay in bounds; the result is dropped
 }
 
-// Stream `warp` of the tile: acc[nf][e] = the sum of its groups' terms, in group order.
+// Stream `warp` of the tile: acc[nf][e] = the sum of its groups' terms, in group order. With
+// first_loaded, grp already holds the warp's first group (group `warp`) of this tile.
 template <typename Group, int NTF>
-__device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok, float (&acc)[NTF][4]) {
+__device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok, Group& grp,
+                             bool first_loaded, float (&acc)[NTF][4]) {
   const DevMat& m = seg.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
   int R[2];
@@ -368,8 +375,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   // At one token fragment the first group's weights are loaded before the PDL wait: they depend on
   // no earlier kernel, so they arrive during that kernel's tail (measured +4 % at 8 sequences). At
   // more fragments the registers held across the wait cost the loop more (-20 % at 64).
-  Group grp;
-  if (NTF == 1 && warp < n_groups) grp.load(m, R, warp, tid);
+  if (NTF == 1 && !first_loaded && warp < n_groups) grp.load(m, R, warp, tid);
   await_predecessor();
   for (int g = warp; g < n_groups; g += kWarps) {
     if (g + kWarps < n_groups) {
@@ -416,41 +422,30 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   }
 }
 
-// REQUIRES: blockDim.x == kThreads; gridDim.x = the segments' row tiles (first_block) times
-// ceil(n_tokens / (8 NTF)) token tiles; every segment of a.seg has Group's type. Every thread
-// reaches the barrier: rows past the end are computed on clamped indices, tokens past the end on
-// the plane tile's padding, and both dropped at the store. a.act.token0 % 32 == 0; NTF == 1: n_tokens <= 8.
-template <typename Group, int NTF>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
-  // The token tiles of one row tile are neighbours in the grid, so its weights come from L2 after
-  // the first of them reads them. One fragment means one token tile: no division at run time
-  // (+1.0 % at one sequence; a 2-D grid that drops it for every kernel gave +1.6 % there but cost
-  // the four-fragment kernel registers, -0.9 % at 64).
+// The CTA's work item `item` (a row tile and a token tile): its segment, row tile in it and tokens.
+struct Item {
+  int si, tile;
+  Tokens tok;
+};
+template <int NTF>
+__device__ Item item_at(const MmaArgs& a, int item) {
+  // The token tiles of one row tile are neighbours, so its weights come from L2 after the first of
+  // them reads them. One fragment means one token tile: no division at run time (+1.0 % at one
+  // sequence; a 2-D grid that drops it for every kernel gave +1.6 % there but cost the
+  // four-fragment kernel registers, -0.9 % at 64).
   const int n_token_tiles = NTF == 1 ? 1 : (a.n_tokens + 8 * NTF - 1) / (8 * NTF);
-  const int row_tile = int(blockIdx.x) / n_token_tiles;
+  const int row_tile = item / n_token_tiles;
   int si = 0;
   while (si + 1 < a.n_segs && row_tile >= a.first_block[si + 1]) ++si;
-  const MatSeg& seg = a.seg[si];
-  const int tile = row_tile - a.first_block[si];
-  const Tokens tok{a.act, int(blockIdx.x) % n_token_tiles * 8 * NTF};
+  return {si, row_tile - a.first_block[si], Tokens{a.act, item % n_token_tiles * 8 * NTF}};
+}
+
+// The CTA's streams meet in red (red[warp][value][lane], after a barrier) and warp w finishes the
+// (token fragment, token of the thread) pairs w, w + 8, ...: both rows, the tree, the epilogue.
+template <int NTF>
+__device__ void join_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok, const float* red) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-
-  float acc[NTF][4];
-#pragma unroll
-  for (int nf = 0; nf < NTF; ++nf)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nf][e] = 0.0f;
-  tile_streams<Group, NTF>(a, seg, tile, tok, acc);
-
-  // The streams meet in shared memory: red[warp][value][lane].
   constexpr int kValues = NTF * 4;
-  __shared__ float red[kReduceFloats<NTF>];
-#pragma unroll
-  for (int nf = 0; nf < NTF; ++nf)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) red[(warp * kValues + nf * 4 + e) * 32 + lane] = acc[nf][e];
-  __syncthreads();
-  // Warp w finishes the (token fragment, token of the thread) pairs w, w + 8, ...: both rows.
   for (int q = warp; q < NTF * 2; q += kWarps) {
     const int nf = q / 2, k = q % 2;
     float s[2][8];
@@ -464,6 +459,67 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
     tile_row(seg, a.extra, tile, gid, r0, j, ok0);
     tile_row(seg, a.extra, tile, gid + 8, r1, unused, ok1);
     if (t < a.n_tokens && ok0) store_pair(seg, a.extra, t, r0, r1, j, ok1, stream_tree(s[0]), stream_tree(s[1]));
+  }
+}
+
+// REQUIRES: blockDim.x == kThreads; the items are the segments' row tiles (first_block) times
+// ceil(n_tokens / (8 NTF)) token tiles, one a CTA, except at NTF == 1 for
+// Group::kSeveralTilesACta, where CTA b takes row tiles b, b + gridDim.x, ...; every segment of
+// a.seg has Group's type. Every thread reaches every barrier (a CTA's threads take the same
+// items): rows past the end are computed on clamped indices, tokens past the end on the plane
+// tile's padding, and both dropped at the store. a.act.token0 % 32 == 0; NTF == 1: n_tokens <= 8.
+template <typename Group, int NTF>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
+  constexpr int kValues = NTF * 4;
+  __shared__ float red[kReduceFloats<NTF>];
+  if constexpr (NTF == 1 && Group::kSeveralTilesACta) {
+    const int n_items = a.first_block[a.n_segs];
+    bool first_loaded = false;
+    Group grp;
+    for (int item = int(blockIdx.x); item < n_items; item += int(gridDim.x)) {
+      const Item it = item_at<1>(a, item);
+      const MatSeg& seg = a.seg[it.si];
+      float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+      tile_streams<Group, 1>(a, seg, it.tile, it.tok, grp, first_loaded, acc);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(warp * kValues + e) * 32 + lane] = acc[0][e];
+      // The CTA's next row tile's first group is loaded while this one's streams are joined (the
+      // registers the first tile loads before the PDL wait).
+      const int next = item + int(gridDim.x);
+      first_loaded = false;
+      if (next < n_items) {
+        const Item nx = item_at<1>(a, next);
+        const MatSeg& nseg = a.seg[nx.si];
+        int R[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          int j;
+          bool ok;
+          tile_row(nseg, a.extra, nx.tile, gid + 8 * r, R[r], j, ok);
+        }
+        if (warp < (nseg.w.cols + 255) / 256) grp.load(nseg.w, R, warp, tid), first_loaded = true;
+      }
+      __syncthreads();
+      join_streams<1>(a, seg, it.tile, it.tok, red);
+      if (next < n_items) __syncthreads();  // red is the next tile's
+    }
+  } else {
+    Group grp;
+    const Item it = item_at<NTF>(a, int(blockIdx.x));
+    const MatSeg& seg = a.seg[it.si];
+    float acc[NTF][4];
+#pragma unroll
+    for (int nf = 0; nf < NTF; ++nf)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[nf][e] = 0.0f;
+    tile_streams<Group, NTF>(a, seg, it.tile, it.tok, grp, false, acc);
+#pragma unroll
+    for (int nf = 0; nf < NTF; ++nf)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[(warp * kValues + nf * 4 + e) * 32 + lane] = acc[nf][e];
+    __syncthreads();
+    join_streams<NTF>(a, seg, it.tile, it.tok, red);
   }
 }
 
@@ -483,6 +539,21 @@ void launch_ntf(const MmaArgs& a, int grid, const KernelStream& s) {
   launch_kernel("matmul_mma", matmul_mma_kernel<Group, NTF>, grid, kThreads, 0, s, a);
 }
 
+// The CTAs of a launch of one token fragment (k-quant types): at most as many as the SMs hold at
+// once, each then taking every grid-th row tile and loading its next tile's first group while it
+// joins this one's streams (launches of more row tiles than that: gate/up, the head), unless
+// MatVecExtra::decode_ctas or MINFER_NO_PERSISTENT_DECODE_MATMUL says otherwise.
+template <typename Group>
+int one_fragment_ctas(int row_tiles, const MatVecExtra& extra) {
+  if (!Group::kSeveralTilesACta) return row_tiles;
+  if (extra.decode_ctas > 0) return std::min(row_tiles, extra.decode_ctas);
+  if (extra.decode_ctas < 0 || env_flag("MINFER_NO_PERSISTENT_DECODE_MATMUL")) return row_tiles;
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  return sms > 0 ? std::min(row_tiles, kCtasPerSm<1> * sms) : row_tiles;
+}
+
 template <typename Group>
 void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   // At most 32 tokens a CTA: four fragments keep the kernel near 128 registers (two CTAs per SM).
@@ -490,7 +561,7 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   const int ntf = a.n_tokens <= 8 ? 1 : a.n_tokens <= 16 ? 2 : 4;
   const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
   if (ntf == 1)
-    launch_ntf<Group, 1>(a, grid, s);
+    launch_ntf<Group, 1>(a, one_fragment_ctas<Group>(row_tiles, a.extra), s);
   else if (ntf == 2)
     launch_ntf<Group, 2>(a, grid, s);
   else
