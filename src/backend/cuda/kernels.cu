@@ -662,6 +662,30 @@ __device__ __forceinline__ int units_per_row(int cols) {
              : (cols / 32 + 1) / 2;
 }
 
+// A k-quant unit of rows r0 and r1 (when has_r1) against its activations a (loaded when valid):
+// the lane's share of the group's integer sums, added up exactly over the lane quad, then the
+// group's term added to the quad's stream (acc0, acc1). The shuffles need every lane of the warp.
+template <typename Unit>
+__device__ __forceinline__ void add_group_terms(const Unit& w0, const Unit& w1, bool has_r1, const ActChunk& a,
+                                                bool valid, float& acc0, float& acc1) {
+  GroupSums v[2];
+  if (valid) {
+    v[0] = w0.group_sums(a);
+    if (has_r1) v[1] = w1.group_sums(a);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int o = 1; o <= 2; o <<= 1) {
+      v[r].s += __shfl_xor_sync(0xffffffffu, v[r].s, o);
+      v[r].m += __shfl_xor_sync(0xffffffffu, v[r].m, o);
+    }
+  if (valid) {  // a k-quant row has whole groups: a unit is valid when its group is
+    acc0 = __fadd_rn(acc0, w0.group_term(v[0], a.da));
+    if (has_r1) acc1 = __fadd_rn(acc1, w1.group_term(v[1], a.da));
+  }
+}
+
 // Rows r0 and r1 (when valid) against NT token rows in the canonical order: lane quad s sums the
 // groups of stream s (acc), one group per loop iteration; the caller reduces the streams.
 template <typename Unit, int NT>
@@ -685,19 +709,9 @@ __device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, boo
       if (t >= nt) continue;
       const ActRow act_t{act, t};
       if constexpr (Unit::kIntegerGroups) {
-        GroupSums v[2] = {w0.group_sums(act_t, u, valid), GroupSums{}};
-        if (has_r1) v[1] = w1.group_sums(act_t, u, valid);
-#pragma unroll
-        for (int r = 0; r < 2; ++r)
-#pragma unroll
-          for (int o = 1; o <= 2; o <<= 1) {
-            v[r].s += __shfl_xor_sync(0xffffffffu, v[r].s, o);
-            v[r].m += __shfl_xor_sync(0xffffffffu, v[r].m, o);
-          }
-        if (group_valid) {
-          acc[0][t] = __fadd_rn(acc[0][t], w0.group_term(v[0], act_t, u));
-          if (has_r1) acc[1][t] = __fadd_rn(acc[1][t], w1.group_term(v[1], act_t, u));
-        }
+        ActChunk a;
+        if (valid) a = Unit::load_act(act_t, u);
+        add_group_terms(w0, w1, has_r1, a, valid, acc[0][t], acc[1][t]);
       } else {
         float v[2] = {w0.pair_terms(act_t, u, valid), 0.0f};
         if (has_r1) v[1] = w1.pair_terms(act_t, u, valid && has_r1);
@@ -709,6 +723,41 @@ __device__ __forceinline__ void pair_dot_q8(const DevMat& m, int r0, int r1, boo
         }
       }
     }
+  }
+}
+
+// One token against k-quant rows r0 and r1: pair_dot_q8's terms in its order, with the lanes'
+// next round of units (weights and activations) loaded before this round's arithmetic, and the
+// first round's weights before the PDL wait (no earlier kernel writes weights), so a warp keeps
+// its next round in flight while it works. Waits for the predecessor itself.
+template <typename Unit>
+__device__ __forceinline__ void pair_dot_one_token(const DevMat& m, int r0, int r1, bool has_r1, const Q8Plane& act,
+                                                   float& acc0, float& acc1) {
+  const int n_units = units_per_row<Unit>(m.cols);
+  const int lane = threadIdx.x % 32;
+  const ActRow act_t{act, 0};
+  const auto load_weights = [&](Unit& w0, Unit& w1, int u) {
+    if (u < n_units) {
+      w0.load(m, r0, u);
+      if (has_r1) w1.load(m, r1, u);
+    }
+  };
+  Unit w0, w1;
+  load_weights(w0, w1, lane);
+  await_predecessor();
+  ActChunk a;
+  if (lane < n_units) a = Unit::load_act(act_t, lane);
+#pragma unroll 2
+  for (int base = 0; base < n_units; base += 32) {
+    const int u_next = base + 32 + lane;
+    Unit next0, next1;
+    ActChunk a_next;
+    load_weights(next0, next1, u_next);
+    if (u_next < n_units) a_next = Unit::load_act(act_t, u_next);
+    add_group_terms(w0, w1, has_r1, a, base + lane < n_units, acc0, acc1);
+    w0 = next0;
+    w1 = next1;
+    a = a_next;
   }
 }
 
@@ -732,25 +781,58 @@ __device__ __forceinline__ void pair_dot_f32(const DevMat& m, int r0, int r1, bo
   }
 }
 
+// Warp p of a launch: its segment and row pair (a roped segment pairs each rotated pair's rows).
+struct MatVecPair {
+  const MatSeg* seg;
+  int r0, r1, j;
+  bool has_r1;
+};
+// False: the warp has no rows (uniform over the warp; the kernels have no barrier).
+__device__ __forceinline__ bool matvec_pair(const MatVecArgs& a, MatVecPair& w) {
+  int si = 0;
+  while (si + 1 < a.n_segs && int(blockIdx.x) >= a.first_block[si + 1]) ++si;
+  w.seg = &a.seg[si];
+  const DevMat& m = w.seg->w;
+  const int p = (int(blockIdx.x) - a.first_block[si]) * kMvWarps + int(threadIdx.x / 32);
+  w.j = 0;
+  if (w.seg->epi == Epilogue::RopeQ || w.seg->epi == Epilogue::RopeK) {
+    if (p >= m.rows / 2) return false;
+    rope_pair_index(p, a.extra.rope.head_dim, a.extra.rope.neox, w.r0, w.r1, w.j);
+  } else {
+    w.r0 = 2 * p;
+    w.r1 = w.r0 + 1;
+    if (w.r0 >= m.rows) return false;
+  }
+  w.has_r1 = w.r1 < m.rows;
+  return true;
+}
+
+// Joins the lane quads' streams with the canonical tree, the butterfly over the quad bits (16, 8,
+// 4), or lane partials (streams false) with the full butterfly; lane t stores token t's pair.
+template <int NT>
+__device__ __forceinline__ void store_pair_sums(const MatVecArgs& a, const MatVecPair& w, float (&acc)[2][NT], int nt,
+                                                bool streams) {
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    for (int o = 16; o >= (streams ? 4 : 1); o >>= 1) {
+      acc[0][t] = __fadd_rn(acc[0][t], __shfl_xor_sync(0xffffffffu, acc[0][t], o));
+      acc[1][t] = __fadd_rn(acc[1][t], __shfl_xor_sync(0xffffffffu, acc[1][t], o));
+    }
+  }
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+    if (t < nt && lane == t) store_pair(*w.seg, a.extra, t, w.r0, w.r1, w.j, w.has_r1, acc[0][t], acc[1][t]);
+}
+
 template <int NT>
 __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_constant__ MatVecArgs a) {
   await_predecessor();
-  int si = 0;
-  while (si + 1 < a.n_segs && int(blockIdx.x) >= a.first_block[si + 1]) ++si;
-  const MatSeg& seg = a.seg[si];
-  const DevMat& m = seg.w;
-  const int p = (int(blockIdx.x) - a.first_block[si]) * kMvWarps + int(threadIdx.x / 32);
-  const bool roped = seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK;
-  int r0, r1, j = 0;
-  if (roped) {
-    if (p >= m.rows / 2) return;  // uniform over the warp; the block has no barrier
-    rope_pair_index(p, a.extra.rope.head_dim, a.extra.rope.neox, r0, r1, j);
-  } else {
-    r0 = 2 * p;
-    r1 = r0 + 1;
-    if (r0 >= m.rows) return;
-  }
-  const bool has_r1 = r1 < m.rows;
+  MatVecPair w;
+  if (!matvec_pair(a, w)) return;
+  const DevMat& m = w.seg->w;
+  const int r0 = w.r0, r1 = w.r1;
+  const bool has_r1 = w.has_r1;
   float acc[2][NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.0f;
@@ -770,38 +852,45 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
     case GgmlType::BF16: streams = false; pair_dot_f32<GgmlType::BF16, NT>(m, r0, r1, has_r1, a.act_f32, a.act_f32_stride, nt, acc); break;
     default: return;
   }
-  // Streams: the butterfly over the quad bits (16, 8, 4) is the canonical stream tree; lane
-  // partials: the full butterfly.
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    for (int o = 16; o >= (streams ? 4 : 1); o >>= 1) {
-      acc[0][t] = __fadd_rn(acc[0][t], __shfl_xor_sync(0xffffffffu, acc[0][t], o));
-      acc[1][t] = __fadd_rn(acc[1][t], __shfl_xor_sync(0xffffffffu, acc[1][t], o));
-    }
-  }
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int t = 0; t < NT; ++t)
-    if (t < nt && lane == t) store_pair(seg, a.extra, t, r0, r1, j, has_r1, acc[0][t], acc[1][t]);
+  store_pair_sums<NT>(a, w, acc, nt, streams);
+}
+
+// One token against one k-quant type's segments: a kernel per type, so its registers are what that
+// type's pipelined loads need, not the widest type's.
+template <typename Unit>
+__global__ void __launch_bounds__(kMvWarps * 32) matvec_one_token_kernel(const __grid_constant__ MatVecArgs a) {
+  MatVecPair w;
+  if (!matvec_pair(a, w)) return;
+  float acc[2][1] = {{0.0f}, {0.0f}};
+  pair_dot_one_token<Unit>(w.seg->w, w.r0, w.r1, w.has_r1, a.act_q8, acc[0][0], acc[1][0]);
+  store_pair_sums<1>(a, w, acc, 1, true);
+}
+
+int segments_of_type(const MatSeg* segs, int n_segs, int first, bool (&taken)[kMaxMatSegs],
+                     MatSeg (&of_type)[kMaxMatSegs]) {
+  int n = 0;
+  for (int i = first; i < n_segs; ++i)
+    if (segs[i].w.type == segs[first].w.type) taken[i] = true, of_type[n++] = segs[i];
+  return n;
 }
 
 void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
                    int n_tokens, const MatVecExtra& extra, const KernelStream& s) {
   if (n_segs < 1 || n_segs > kMaxMatSegs) fail("matvec: ", n_segs, " segments (1..", kMaxMatSegs, " supported)");
-  for (int t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
-    const int nt = n_tokens - t0 < kMaxTokens ? n_tokens - t0 : kMaxTokens;
+  // The launch of segments segs[0..n) for tokens t0..t0 + nt - 1.
+  const auto args = [&](const MatSeg* launch_segs, int n, int t0, int nt, int& blocks) {
     MatVecArgs a{};
-    a.n_segs = n_segs;
-    int blocks = 0;
-    for (int i = 0; i < n_segs; ++i) {
-      a.seg[i] = segs[i];
-      if (a.seg[i].residual) a.seg[i].residual += size_t(t0) * segs[i].ld_out;
-      if (a.seg[i].out) a.seg[i].out += size_t(t0) * segs[i].ld_out;
+    a.n_segs = n;
+    blocks = 0;
+    for (int i = 0; i < n; ++i) {
+      a.seg[i] = launch_segs[i];
+      if (a.seg[i].residual) a.seg[i].residual += size_t(t0) * launch_segs[i].ld_out;
+      if (a.seg[i].out) a.seg[i].out += size_t(t0) * launch_segs[i].ld_out;
       a.first_block[i] = blocks;
-      const int pairs = (segs[i].w.rows + 1) / 2;
+      const int pairs = (launch_segs[i].w.rows + 1) / 2;
       blocks += (pairs + kMvWarps - 1) / kMvWarps;
     }
-    a.first_block[n_segs] = blocks;
+    a.first_block[n] = blocks;
     a.act_q8 = act_q8.from_token(t0);
     a.act_f32 = act_f32 ? act_f32 + size_t(t0) * act_f32_stride : nullptr;
     a.act_f32_stride = act_f32_stride;
@@ -809,10 +898,29 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
     a.extra = extra;
     if (extra.positions) a.extra.positions += t0;
     if (extra.slots) a.extra.slots += t0;
-    if (nt == 1)
-      launch_kernel("matvec", matvec_kernel<1>, blocks, kMvWarps * 32, 0, s, a);
-    else
-      launch_kernel("matvec", matvec_kernel<kMaxTokens>, blocks, kMvWarps * 32, 0, s, a);
+    return a;
+  };
+  int blocks = 0;
+  if (n_tokens == 1) {
+    bool taken[kMaxMatSegs] = {};
+    for (int first = 0; first < n_segs; ++first) {
+      if (taken[first]) continue;
+      MatSeg of_type[kMaxMatSegs];
+      const int n = segments_of_type(segs, n_segs, first, taken, of_type);
+      const MatVecArgs a = args(of_type, n, 0, 1, blocks);
+      switch (of_type[0].w.type) {
+        case GgmlType::Q4_K: launch_kernel("matvec", matvec_one_token_kernel<UnitQK45<false>>, blocks, kMvWarps * 32, 0, s, a); break;
+        case GgmlType::Q5_K: launch_kernel("matvec", matvec_one_token_kernel<UnitQK45<true>>, blocks, kMvWarps * 32, 0, s, a); break;
+        case GgmlType::Q6_K: launch_kernel("matvec", matvec_one_token_kernel<UnitQ6K>, blocks, kMvWarps * 32, 0, s, a); break;
+        default: launch_kernel("matvec", matvec_kernel<1>, blocks, kMvWarps * 32, 0, s, a); break;
+      }
+    }
+    return;
+  }
+  for (int t0 = 0; t0 < n_tokens; t0 += kMaxTokens) {
+    const int nt = n_tokens - t0 < kMaxTokens ? n_tokens - t0 : kMaxTokens;
+    const MatVecArgs a = args(segs, n_segs, t0, nt, blocks);
+    launch_kernel("matvec", matvec_kernel<kMaxTokens>, blocks, kMvWarps * 32, 0, s, a);
   }
 }
 

@@ -233,9 +233,14 @@ struct MatVecExtra {
 // below (and the q4_K / q6_K warpgroup-MMA kernel) follow it, so for these types they give the
 // same bits for any token count.
 bool matmul_mma_supports(GgmlType t);
+// The segments of segs[first]'s type from first on, in order, into of_type (marked taken);
+// returns their count. The matmuls launch per weight type: a kernel per type keeps its
+// registers to what that type needs.
+int segments_of_type(const MatSeg* segs, int n_segs, int first, bool (&taken)[kMaxMatSegs],
+                     MatSeg (&of_type)[kMaxMatSegs]);
 // Warp-per-row-pair kernel (dp4a): up to kMaxMatSegs weight matrices in one launch (q/k/v, gate/up),
-// tokens in launches of 8. Activations: the q8 plane's tokens 0..n_tokens-1 for quantized weights,
-// f32 rows for float weights (their own fixed order).
+// tokens in launches of 8, one token in a launch per weight type. Activations: the q8 plane's
+// tokens 0..n_tokens-1 for quantized weights, f32 rows for float weights (their own fixed order).
 void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
                    int n_tokens, const MatVecExtra& extra, const KernelStream& s);
 // Tensor-core kernel (int8 mma): same segments and epilogues, every type matmul_mma_supports.

@@ -572,17 +572,6 @@ OperandFormat operand_format_of(GgmlType t) {
   return t == GgmlType::Q4_K ? OperandFormat::Q4K : t == GgmlType::Q6_K ? OperandFormat::Q6K : OperandFormat::None;
 }
 
-// One launch per weight type among the segments (a kernel per type keeps its registers to what
-// that type needs), in the order the types first appear: the segments of segs[first]'s type from
-// first on, in order, into of_type (marked taken); returns their count.
-int segments_of_type(const MatSeg* segs, int n_segs, int first, bool (&taken)[kMaxMatSegs],
-                     MatSeg (&of_type)[kMaxMatSegs]) {
-  int n = 0;
-  for (int i = first; i < n_segs; ++i)
-    if (segs[i].w.type == segs[first].w.type) taken[i] = true, of_type[n++] = segs[i];
-  return n;
-}
-
 }  // namespace
 
 OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {

@@ -142,6 +142,13 @@ __device__ __forceinline__ float term_q8_0(float d, int isum, float da) {
 struct GroupSums {
   int s = 0, m = 0;
 };
+// A k-quant unit's activations at one token: the 16 quant words its dot products read (four
+// 16-byte runs of the plane), for q4_K / q5_K its two blocks' sums, and its group's scale.
+struct ActChunk {
+  uint32_t w[16];
+  int sum[2];
+  float da;
+};
 
 // Token t of a q8 plane, as the warp-per-row kernel's units read it.
 struct ActRow {
@@ -195,11 +202,22 @@ struct UnitQK45 {
       qh1 = ld16(b + 32);
     }
   }
+  // Unit u's activations: blocks b0 = 8 (u / 4) + 2 (u % 4) and b0 + 1, and their sums.
+  __device__ static ActChunk load_act(const ActRow& act, int u) {
+    const int b0 = (u >> 2) * 8 + 2 * (u & 3);
+    ActChunk a;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = ld16(act.plane.block_quants(act.t, b0 + i / 2) + 16 * (i % 2));
+      a.w[4 * i] = v.x, a.w[4 * i + 1] = v.y, a.w[4 * i + 2] = v.z, a.w[4 * i + 3] = v.w;
+    }
+    const int2 sums = *reinterpret_cast<const int2*>(act.plane.sum(act.t, b0));  // b0 even, n_blocks % 8 == 0
+    a.sum[0] = sums.x, a.sum[1] = sums.y;
+    a.da = act.group_scale(u >> 2);
+    return a;
+  }
   // Sub-blocks 2c and 2c+1: sc * isum and m * asum of both.
-  __device__ GroupSums group_sums(const ActRow& act, int u, bool valid) const {
-    GroupSums r;
-    if (!valid) return r;
-    const int b0 = (u >> 2) * 8 + 2 * c, b1 = b0 + 1;
+  __device__ GroupSums group_sums(const ActChunk& a) const {
     const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
     const uint32_t hb[8] = {qh0.x, qh0.y, qh0.z, qh0.w, qh1.x, qh1.y, qh1.z, qh1.w};
     int s0 = 0, s1 = 0;
@@ -210,18 +228,20 @@ struct UnitQK45 {
         lo |= ((hb[k] >> (2 * c)) & 0x01010101u) << 4;
         hi |= ((hb[k] >> (2 * c + 1)) & 0x01010101u) << 4;
       }
-      s0 = __dp4a(int(lo), act.word(b0, k), s0);
-      s1 = __dp4a(int(hi), act.word(b1, k), s1);
+      s0 = __dp4a(int(lo), int(a.w[k]), s0);
+      s1 = __dp4a(int(hi), int(a.w[8 + k]), s1);
     }
-    int sc0, m0, sc1, m1;
-    k_scale_min(h, 2 * c, sc0, m0);
-    k_scale_min(h, 2 * c + 1, sc1, m1);
-    r.s = sc0 * s0 + sc1 * s1;
-    r.m = m0 * act.sum(b0) + m1 * act.sum(b1);
+    // sub-blocks 2c, 2c + 1 are bytes 2(c % 2), 2(c % 2) + 1 of the low (c < 2) or high vectors
+    const KScaleBytes k = unpack_k_scales(h.y, h.z, h.w);
+    const uint32_t sc = c < 2 ? k.sc_lo : k.sc_hi, mn = c < 2 ? k.m_lo : k.m_hi;
+    const int shift = 16 * (c & 1);
+    GroupSums r;
+    r.s = int((sc >> shift) & 0xFF) * s0 + int((sc >> (shift + 8)) & 0xFF) * s1;
+    r.m = int((mn >> shift) & 0xFF) * a.sum[0] + int((mn >> (shift + 8)) & 0xFF) * a.sum[1];
     return r;
   }
-  __device__ float group_term(GroupSums g, const ActRow& act, int u) const {
-    return group_term_qk(h2f(uint16_t(h.x)), h2f(uint16_t(h.x >> 16)), g.s, g.m, act.group_scale(u >> 2));
+  __device__ float group_term(GroupSums g, float da) const {
+    return group_term_qk(h2f(uint16_t(h.x)), h2f(uint16_t(h.x >> 16)), g.s, g.m, da);
   }
 };
 
@@ -248,27 +268,34 @@ struct UnitQ6K {
     sc[1] = ldg_word(b + 196 + 8 * n);
     d = h2f(ld_u16(b + 208));
   }
-  __device__ GroupSums group_sums(const ActRow& act, int u, bool valid) const {
-    GroupSums r;
-    if (!valid) return r;
-    const int sb = u >> 2;
+  // Unit u's activations: words 4lh..4lh+3 of blocks 8 (u / 4) + 4n + g, g = 0..3.
+  __device__ static ActChunk load_act(const ActRow& act, int u) {
+    const int b = (u >> 2) * 8 + 4 * ((u >> 1) & 1);
+    ActChunk a;
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
-      const int b = sb * 8 + 4 * n + g;
+      const uint4 v = ld16(act.plane.block_quants(act.t, b + g) + 16 * (u & 1));
+      a.w[4 * g] = v.x, a.w[4 * g + 1] = v.y, a.w[4 * g + 2] = v.z, a.w[4 * g + 3] = v.w;
+    }
+    a.da = act.group_scale(u >> 2);
+    return a;
+  }
+  __device__ GroupSums group_sums(const ActChunk& a) const {
+    GroupSums r;
+#pragma unroll
+    for (int g = 0; g < 4; ++g) {
       int s = 0;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const uint32_t q = q6k_quants_s8((g & 1) ? B[k] : A[k], H[k], g < 2 ? 0 : 4, 2 * g);
-        s = __dp4a(int(q), act.word(b, 4 * lh + k), s);
+        s = __dp4a(int(q), int(a.w[4 * g + k]), s);
       }
       // scale byte 8n + 2g + lh: sc[0] holds bytes 8n..8n+3, sc[1] 8n+4..8n+7
       r.s += sext_byte((g < 2) ? sc[0] : sc[1], 2 * (g & 1) + lh) * s;
     }
     return r;
   }
-  __device__ float group_term(GroupSums g, const ActRow& act, int u) const {
-    return group_term_q6k(d, g.s, act.group_scale(u >> 2));
-  }
+  __device__ float group_term(GroupSums g, float da) const { return group_term_q6k(d, g.s, da); }
 };
 
 // The 32-blocks ([f16 d][f16 m for _1][u32 qh for q5][qs]): unit = blocks 2u and 2u + 1 (either
