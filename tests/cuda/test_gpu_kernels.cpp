@@ -627,11 +627,12 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
 }
 
 // The 7B's gate+up launch (2,368 row tiles) and head (9,504) at 1 and 8 tokens: with CTAs taking
-// several row tiles each (the default) the bits of one CTA a row tile.
+// several row tiles each (the backend's launch on an H200's 132 SMs) the bits of one CTA a row tile.
 TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   MINFER_REQUIRE_GPU();
   const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
-  cuda::MatVecExtra one_a_tile;
+  cuda::MatVecExtra several, one_a_tile;
+  several.sm_count = 132;
   one_a_tile.decode_ctas = -1;
   struct Launch { GgmlType type; int rows, segments; };
   for (const Launch& l : {Launch{GgmlType::Q4_K, preset.n_ff, 2}, Launch{GgmlType::Q6_K, preset.n_vocab, 1}}) {
@@ -651,7 +652,7 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
     }
     DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
     for (int n : {1, 8}) {
-      cuda::launch_matmul_mma(segs[0], l.segments, plane.plane, n, {}, nullptr);
+      cuda::launch_matmul_mma(segs[0], l.segments, plane.plane, n, several, nullptr);
       cuda::launch_matmul_mma(segs[1], l.segments, plane.plane, n, one_a_tile, nullptr);
       for (int s = 0; s < l.segments; ++s) {
         const auto a = out[0][size_t(s)]->download(), b = out[1][size_t(s)]->download();

@@ -105,6 +105,9 @@ struct CudaBackend::Impl {
   const bool decode_wgmma = prefill_gemm_device_has_wgmma() && !env_flag("MINFER_NO_DECODE_WGMMA");
   const bool decode_wgmma_q6k = !env_flag("MINFER_NO_DECODE_WGMMA_Q6K");
   const int64_t wgmma_min_weights = decode_wgmma_min_weights();
+  // MINFER_NO_PERSISTENT_DECODE_MATMUL: the tensor-core decode matmul at one token fragment runs a
+  // CTA a row tile (MatVecExtra::decode_ctas < 0) instead of CTAs taking several.
+  const bool persistent_decode_matmul = !env_flag("MINFER_NO_PERSISTENT_DECODE_MATMUL");
   DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
@@ -788,6 +791,8 @@ struct CudaBackend::Impl {
     extra.positions = d_positions();
     extra.slots = d_slots();
     extra.kv = kv_layer(graph.nodes[size_t(l.node)].layer >= 0 ? graph.nodes[size_t(l.node)].layer : 0);
+    extra.sm_count = ctx.sm_count;
+    extra.decode_ctas = persistent_decode_matmul ? 0 : -1;
     int64_t weights_in_launch = 0;
     bool q6k = false;
     for (int i = 0; i < l.n_segs; ++i) {

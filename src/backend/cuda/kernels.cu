@@ -838,10 +838,12 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
   for (int t = 0; t < NT; ++t) acc[0][t] = acc[1][t] = 0.0f;
   const int nt = a.n_tokens;
   bool streams = true;  // acc holds the lane quad's stream (canonical order); else lane partials
+  // k-quant types at one token: matvec_one_token_kernel (launch_matvec)
+  constexpr bool kTakesKQuants = NT > 1;
   switch (m.type) {
-    case GgmlType::Q4_K: pair_dot_q8<UnitQK45<false>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
-    case GgmlType::Q5_K: pair_dot_q8<UnitQK45<true>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
-    case GgmlType::Q6_K: pair_dot_q8<UnitQ6K, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q4_K: if constexpr (kTakesKQuants) pair_dot_q8<UnitQK45<false>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q5_K: if constexpr (kTakesKQuants) pair_dot_q8<UnitQK45<true>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
+    case GgmlType::Q6_K: if constexpr (kTakesKQuants) pair_dot_q8<UnitQ6K, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
     case GgmlType::Q8_0: pair_dot_q8<Unit32Pair<GgmlType::Q8_0>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
     case GgmlType::Q4_0: pair_dot_q8<Unit32Pair<GgmlType::Q4_0>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;
     case GgmlType::Q4_1: pair_dot_q8<Unit32Pair<GgmlType::Q4_1>, NT>(m, r0, r1, has_r1, a.act_q8, nt, acc); break;

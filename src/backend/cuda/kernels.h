@@ -220,10 +220,11 @@ struct MatVecExtra {
   // The image already holds this plane's rows in this format (its producer wrote it): the launch
   // of that format skips its builder.
   OperandFormat wgmma_operand_ready = OperandFormat::None;
-  // The decode matmul's CTAs at one token fragment (<= 8 tokens): 0, at most the CTAs the SMs hold
-  // at once, each taking several row tiles (unless MINFER_NO_PERSISTENT_DECODE_MATMUL is set);
-  // > 0, at most that many; < 0, one a row tile. The same bits whichever.
+  // The tensor-core decode matmul's CTAs at one token fragment (<= 8 tokens): 0, at most the CTAs
+  // sm_count multiprocessors hold at once, each taking several row tiles (one a row tile when
+  // sm_count is 0); > 0, at most that many; < 0, one a row tile. The same bits whichever.
   int decode_ctas = 0;
+  int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count)
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",

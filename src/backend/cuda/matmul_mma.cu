@@ -32,7 +32,6 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_device.cuh"
-#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -353,6 +352,14 @@ __device__ __forceinline__ void tile_row(const MatSeg& seg, const MatVecExtra& e
   if (!valid) row = 0;  // loads stay in bounds; the result is dropped
 }
 
+// The row a thread loads for tile row m (row 0 past the end).
+__device__ __forceinline__ int tile_load_row(const MatSeg& seg, const MatVecExtra& extra, int tile, int m) {
+  int row, rope_j;
+  bool valid;
+  tile_row(seg, extra, tile, m, row, rope_j, valid);
+  return row;
+}
+
 // Stream `warp` of the tile: acc[nf][e] = the sum of its groups' terms, in group order. With
 // first_loaded, grp already holds the warp's first group (group `warp`) of this tile.
 template <typename Group, int NTF>
@@ -360,13 +367,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
                              bool first_loaded, float (&acc)[NTF][4]) {
   const DevMat& m = seg.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-  int R[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    int j;
-    bool ok;
-    tile_row(seg, a.extra, tile, gid + 8 * r, R[r], j, ok);
-  }
+  const int R[2] = {tile_load_row(seg, a.extra, tile, gid), tile_load_row(seg, a.extra, tile, gid + 8)};
   // The thread's B token in block 0 of the CTA's first fragment; fragment nf of block b lies
   // b * 1024 + nf * 256 further (kernels.h: Q8Plane).
   const uint8_t* b_tile = tok.plane.block_quants(tok.first, 0) + 32 * gid;
@@ -491,13 +492,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
       if (next < n_items) {
         const Item nx = item_at<1>(a, next);
         const MatSeg& nseg = a.seg[nx.si];
-        int R[2];
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          int j;
-          bool ok;
-          tile_row(nseg, a.extra, nx.tile, gid + 8 * r, R[r], j, ok);
-        }
+        const int R[2] = {tile_load_row(nseg, a.extra, nx.tile, gid), tile_load_row(nseg, a.extra, nx.tile, gid + 8)};
         if (warp < (nseg.w.cols + 255) / 256) grp.load(nseg.w, R, warp, tid), first_loaded = true;
       }
       __syncthreads();
@@ -542,16 +537,12 @@ void launch_ntf(const MmaArgs& a, int grid, const KernelStream& s) {
 // The CTAs of a launch of one token fragment (k-quant types): at most as many as the SMs hold at
 // once, each then taking every grid-th row tile and loading its next tile's first group while it
 // joins this one's streams (launches of more row tiles than that: gate/up, the head), unless
-// MatVecExtra::decode_ctas or MINFER_NO_PERSISTENT_DECODE_MATMUL says otherwise.
+// MatVecExtra::decode_ctas says otherwise.
 template <typename Group>
 int one_fragment_ctas(int row_tiles, const MatVecExtra& extra) {
-  if (!Group::kSeveralTilesACta) return row_tiles;
+  if (!Group::kSeveralTilesACta || extra.decode_ctas < 0) return row_tiles;
   if (extra.decode_ctas > 0) return std::min(row_tiles, extra.decode_ctas);
-  if (extra.decode_ctas < 0 || env_flag("MINFER_NO_PERSISTENT_DECODE_MATMUL")) return row_tiles;
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  return sms > 0 ? std::min(row_tiles, kCtasPerSm<1> * sms) : row_tiles;
+  return extra.sm_count > 0 ? std::min(row_tiles, kCtasPerSm<1> * extra.sm_count) : row_tiles;
 }
 
 template <typename Group>
