@@ -428,6 +428,22 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   }
 }
 
+// q/k and a q6_K v in one decode matmul launch (tiny-llama3's Q4_K_M mix; rope and the KV write in
+// the epilogue) give the logits of a launch per type (MINFER_NO_TWO_TYPE_DECODE_MATMUL).
+TEST(GpuBackend, TwoTypeDecodeMatmulKeepsTheBitsOfALaunchPerType) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("tiny-llama3");
+  const Trace together = trace(s, Fusions{});
+  setenv("MINFER_NO_TWO_TYPE_DECODE_MATMUL", "1", 1);
+  const Trace apart = trace(s, Fusions{});
+  unsetenv("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
+  ASSERT_EQ(together.logits.size(), apart.logits.size());
+  for (size_t i = 0; i < together.logits.size(); ++i)
+    ASSERT_EQ(std::memcmp(together.logits[i].data(), apart.logits[i].data(), apart.logits[i].size() * 4), 0)
+        << "logits of output " << i << " differ";
+  ASSERT_EQ(together.argmax, apart.argmax);
+}
+
 // A sequence's greedy tokens and logits are the same alone (prompt in one step, then one token per
 // step) as among 31 others through the scheduler, with its prompt cut into chunks that share
 // steps with other sequences' decode tokens (the decode matmul then runs many rows on the

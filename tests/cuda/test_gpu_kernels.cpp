@@ -663,6 +663,51 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   }
 }
 
+// q/k in q4_K with a q6_K v in one launch at one token fragment (each row tile its own type's
+// code) gives the bits of a launch per type: segments of 512 and 256 q4_K rows and 256 q6_K rows
+// with bias and residual, 1, 5 and 8 tokens, a CTA a tile and 3 CTAs walking both types' tiles.
+TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
+  MINFER_REQUIRE_GPU();
+  const int cols = 3584, max_tokens = 8;
+  struct Segment { GgmlType type; int rows; };
+  const Segment parts[] = {{GgmlType::Q4_K, 512}, {GgmlType::Q4_K, 256}, {GgmlType::Q6_K, 256}};
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> bias, residual, out[2];
+  cuda::MatSeg segs[2][3];
+  for (int i = 0; i < 3; ++i) {
+    const auto [type, rows] = parts[i];
+    w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
+        cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 200 + uint64_t(i)))));
+    bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(size_t(rows), 0.2f, 210 + uint64_t(i))));
+    residual.push_back(
+        std::make_unique<DeviceBuffer<float>>(random_normal(size_t(max_tokens) * rows, 1.0f, 220 + uint64_t(i))));
+    for (int v = 0; v < 2; ++v) {
+      out[v].push_back(std::make_unique<DeviceBuffer<float>>(size_t(max_tokens) * size_t(rows)));
+      segs[v][i].w = {type, rows, cols, w.back()->get()};
+      segs[v][i].bias = bias.back()->get();
+      segs[v][i].residual = residual.back()->get();
+      segs[v][i].out = out[v].back()->get();
+      segs[v][i].ld_out = rows;
+    }
+  }
+  DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 230), max_tokens, cols),
+                    max_tokens, cols);
+  cuda::MatVecExtra per_type;
+  per_type.launch_per_type = true;
+  for (int ctas : {0, 3})
+    for (int n : {1, 5, 8}) {
+      cuda::MatVecExtra together;
+      together.decode_ctas = ctas;
+      cuda::launch_matmul_mma(segs[0], 3, plane.plane, n, together, nullptr);
+      cuda::launch_matmul_mma(segs[1], 3, plane.plane, n, per_type, nullptr);
+      for (int i = 0; i < 3; ++i) {
+        const auto a = out[0][size_t(i)]->download(), b = out[1][size_t(i)]->download();
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * size_t(parts[i].rows) * 4), 0)
+            << "tokens " << n << ", ctas " << ctas << ", segment " << i;
+      }
+    }
+}
+
 // The warpgroup-MMA kernel's f32 sums are exact only while every partial sum stays below 2^24.
 // q4_K sums each half group apart: rows whose every quant, scale and min is at its maximum against
 // tokens whose every activation quant is +-127 reach 128 * 945 * 127 (the bound's 92 %). q6_K sums

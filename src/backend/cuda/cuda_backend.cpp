@@ -108,6 +108,9 @@ struct CudaBackend::Impl {
   // MINFER_NO_PERSISTENT_DECODE_MATMUL: the tensor-core decode matmul at one token fragment runs a
   // CTA a row tile (MatVecExtra::decode_ctas < 0) instead of CTAs taking several.
   const bool persistent_decode_matmul = !env_flag("MINFER_NO_PERSISTENT_DECODE_MATMUL");
+  // MINFER_NO_TWO_TYPE_DECODE_MATMUL: that matmul launches q/k and a q6_K v apart
+  // (MatVecExtra::launch_per_type).
+  const bool two_type_decode_matmul = !env_flag("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
   DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
@@ -793,6 +796,7 @@ struct CudaBackend::Impl {
     extra.kv = kv_layer(graph.nodes[size_t(l.node)].layer >= 0 ? graph.nodes[size_t(l.node)].layer : 0);
     extra.sm_count = ctx.sm_count;
     extra.decode_ctas = persistent_decode_matmul ? 0 : -1;
+    extra.launch_per_type = !two_type_decode_matmul;
     int64_t weights_in_launch = 0;
     bool q6k = false;
     for (int i = 0; i < l.n_segs; ++i) {

@@ -225,6 +225,9 @@ struct MatVecExtra {
   // sm_count is 0); > 0, at most that many; < 0, one a row tile. The same bits whichever.
   int decode_ctas = 0;
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count)
+  // The tensor-core decode matmul at one token fragment takes q4_K and q6_K segments (q/k with a
+  // q6_K v) in one launch, unless this is set: a launch per type. The same bits.
+  bool launch_per_type = false;
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",

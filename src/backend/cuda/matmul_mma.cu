@@ -28,6 +28,7 @@
 // both operands; 4tid..4tid+3 of each half for k16), which leaves the integer sum unchanged and
 // lets each thread load contiguous bytes.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
@@ -518,8 +519,51 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
   }
 }
 
-template <typename Group, int NTF>
-void launch_ntf(const MmaArgs& a, int grid, const KernelStream& s) {
+// One row tile at one token fragment, the CTA's streams joined: matmul_mma_kernel's work item
+// without the next tile's first group loaded during the join.
+template <typename Group>
+__device__ __forceinline__ void one_fragment_tile(const MmaArgs& a, const Item& it, float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const MatSeg& seg = a.seg[it.si];
+  Group grp;
+  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  tile_streams<Group, 1>(a, seg, it.tile, it.tok, grp, false, acc);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) red[(warp * 4 + e) * 32 + lane] = acc[0][e];
+  __syncthreads();
+  join_streams<1>(a, seg, it.tile, it.tok, red);
+}
+
+// One launch of segments of two k-quant types at one token fragment (q/k in q4_K with a q6_K v,
+// llama.cpp's Q4_K_M mix): each row tile runs its own type's code. At one fragment both types'
+// kernels have the same register budget (kCtasPerSm<1>), so one launch costs neither registers
+// nor the second launch's latency.
+// REQUIRES: as matmul_mma_kernel at NTF == 1; every segment is q4_K or q6_K; CTA b takes row
+// tiles b, b + gridDim.x, ...
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<1>) matmul_mma_q4k_q6k_kernel(const __grid_constant__ MmaArgs a) {
+  __shared__ float red[kReduceFloats<1>];
+  const int n_items = a.first_block[a.n_segs];
+  bool first = true;
+  // The CTA's tiles of one type, then of the other: one loop a type keeps each type's registers
+  // apart (one loop branching a tile on its type spilled 300 bytes).
+  const auto walk = [&](auto group) {
+    using Group = decltype(group);
+    constexpr bool kQ6K = std::is_same_v<Group, GroupQ6K>;
+    for (int item = int(blockIdx.x); item < n_items; item += int(gridDim.x)) {
+      const Item it = item_at<1>(a, item);
+      if ((a.seg[it.si].w.type == GgmlType::Q6_K) != kQ6K) continue;
+      if (!first) __syncthreads();  // red is this tile's
+      first = false;
+      one_fragment_tile<Group>(a, it, red);
+    }
+  };
+  walk(GroupQK45<false>{});
+  walk(GroupQ6K{});
+}
+
+// Launches a decode matmul kernel whose CTAs hold NTF token fragments.
+template <int NTF>
+void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const KernelStream& s) {
   // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
   // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
   // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
@@ -528,10 +572,9 @@ void launch_ntf(const MmaArgs& a, int grid, const KernelStream& s) {
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
   const int percent = sm_smem > 0 ? std::min(100, (kCtasPerSm<NTF> * kSmemPerCta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
-  const cudaError_t e =
-      cudaFuncSetAttribute(matmul_mma_kernel<Group, NTF>, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
+  const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
-  launch_kernel("matmul_mma", matmul_mma_kernel<Group, NTF>, grid, kThreads, 0, s, a);
+  launch_kernel("matmul_mma", kernel, grid, kThreads, 0, s, a);
 }
 
 // The CTAs of a launch of one token fragment (k-quant types): at most as many as the SMs hold at
@@ -552,11 +595,47 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   const int ntf = a.n_tokens <= 8 ? 1 : a.n_tokens <= 16 ? 2 : 4;
   const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
   if (ntf == 1)
-    launch_ntf<Group, 1>(a, one_fragment_ctas<Group>(row_tiles, a.extra), s);
+    launch_mma<1>(matmul_mma_kernel<Group, 1>, a, one_fragment_ctas<Group>(row_tiles, a.extra), s);
   else if (ntf == 2)
-    launch_ntf<Group, 2>(a, grid, s);
+    launch_mma<2>(matmul_mma_kernel<Group, 2>, a, grid, s);
   else
-    launch_ntf<Group, 4>(a, grid, s);
+    launch_mma<4>(matmul_mma_kernel<Group, 4>, a, grid, s);
+}
+
+// The row tiles of a.seg[0 .. a.n_segs), into a.first_block; returns their count.
+int plan_row_tiles(MmaArgs& a) {
+  int row_tiles = 0;
+  for (int i = 0; i < a.n_segs; ++i) {
+    a.first_block[i] = row_tiles;
+    const bool roped = a.seg[i].epi == Epilogue::RopeQ || a.seg[i].epi == Epilogue::RopeK;
+    row_tiles += roped ? (a.seg[i].w.rows / 2 + 7) / 8 : (a.seg[i].w.rows + kTileRows - 1) / kTileRows;
+  }
+  a.first_block[a.n_segs] = row_tiles;
+  return row_tiles;
+}
+
+// The q4_K + q6_K launch for these segments at one token fragment, if it takes them: q4_K and q6_K,
+// nothing else, and MatVecExtra::launch_per_type unset. (q5_K with q6_K spilled 56 bytes.)
+bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                    const KernelStream& s) {
+  if (n_tokens > 8 || extra.launch_per_type) return false;
+  bool q4k = false, q6k = false;
+  for (int i = 0; i < n_segs; ++i) {
+    q4k = q4k || segs[i].w.type == GgmlType::Q4_K;
+    q6k = q6k || segs[i].w.type == GgmlType::Q6_K;
+    if (segs[i].w.type != GgmlType::Q4_K && segs[i].w.type != GgmlType::Q6_K) return false;
+  }
+  if (!q4k || !q6k) return false;
+  MmaArgs a{};
+  a.n_segs = n_segs;
+  for (int i = 0; i < n_segs; ++i) a.seg[i] = segs[i];
+  const int row_tiles = plan_row_tiles(a);
+  a.act = act_q8;
+  a.n_tokens = n_tokens;
+  a.extra = extra;
+  const int grid = one_fragment_ctas<GroupQ6K>(row_tiles, extra);
+  launch_mma<1>(matmul_mma_q4k_q6k_kernel, a, grid, s);
+  return true;
 }
 
 OperandFormat operand_format_of(GgmlType t) {
@@ -590,7 +669,7 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
     if (segs[i].w.cols % type_traits(segs[i].w.type).block_size != 0)
       fail("matmul_mma: rows of ", segs[i].w.cols, " do not fill whole blocks");
   }
-  if (n_tokens <= 0) return;
+  if (n_tokens <= 0 || launch_q4k_q6k(segs, n_segs, act_q8, n_tokens, extra, s)) return;
   MatVecExtra launch_extra = extra;  // its operand_ready follows the image through the launches
   bool taken[kMaxMatSegs] = {};
   for (int first = 0; first < n_segs; ++first) {
@@ -598,13 +677,7 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
     const GgmlType type = segs[first].w.type;
     MmaArgs a{};
     a.n_segs = segments_of_type(segs, n_segs, first, taken, a.seg);
-    int row_tiles = 0;
-    for (int i = 0; i < a.n_segs; ++i) {
-      a.first_block[i] = row_tiles;
-      const bool roped = a.seg[i].epi == Epilogue::RopeQ || a.seg[i].epi == Epilogue::RopeK;
-      row_tiles += roped ? (a.seg[i].w.rows / 2 + 7) / 8 : (a.seg[i].w.rows + kTileRows - 1) / kTileRows;
-    }
-    a.first_block[a.n_segs] = row_tiles;
+    const int row_tiles = plan_row_tiles(a);
     if (matmul_wgmma_takes(a.seg, a.n_segs, n_tokens, launch_extra)) {
       launch_matmul_wgmma(a.seg, a.n_segs, act_q8, n_tokens, launch_extra, s);
       launch_extra.wgmma_operand_ready = operand_format_of(type);  // built by (or for) that launch
