@@ -7,7 +7,8 @@
 // immediate offset from one pointer). Warp w sums stream w of the canonical order
 // (quant/canonical_dot.h): the 256-column groups g = w, w + 8, ... in order, the next group's
 // weight lines prefetched to L2 while this one is multiplied. A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
-// kernel's registers are what its type needs.
+// kernel's registers are what its type needs — except q4_K with q6_K at one token fragment, where
+// both kernels have the same registers (matmul_mma_q4k_q6k_kernel).
 // For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
 // fragment, accumulating the group's exact integer sums per (row, token):
 //   q4_K / q5_K  S += sc_j * isum_j (integer multiply-add on the product); after the group
