@@ -465,6 +465,28 @@ __device__ void join_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   }
 }
 
+// One work item: its streams, then joined by the CTA (without the next tile's first group loaded
+// during the join, which the several-tiles loop of matmul_mma_kernel does).
+template <typename Group, int NTF>
+__device__ __forceinline__ void work_item(const MmaArgs& a, const Item& it, float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  constexpr int kValues = NTF * 4;
+  const MatSeg& seg = a.seg[it.si];
+  Group grp;
+  float acc[NTF][4];
+#pragma unroll
+  for (int nf = 0; nf < NTF; ++nf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nf][e] = 0.0f;
+  tile_streams<Group, NTF>(a, seg, it.tile, it.tok, grp, false, acc);
+#pragma unroll
+  for (int nf = 0; nf < NTF; ++nf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[(warp * kValues + nf * 4 + e) * 32 + lane] = acc[nf][e];
+  __syncthreads();
+  join_streams<NTF>(a, seg, it.tile, it.tok, red);
+}
+
 // REQUIRES: blockDim.x == kThreads; the items are the segments' row tiles (first_block) times
 // ceil(n_tokens / (8 NTF)) token tiles, one a CTA, except at NTF == 1 for
 // Group::kSeveralTilesACta, where CTA b takes row tiles b, b + gridDim.x, ...; every segment of
@@ -473,10 +495,9 @@ __device__ void join_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
 // tile's padding, and both dropped at the store. a.act.token0 % 32 == 0; NTF == 1: n_tokens <= 8.
 template <typename Group, int NTF>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-  constexpr int kValues = NTF * 4;
   __shared__ float red[kReduceFloats<NTF>];
   if constexpr (NTF == 1 && Group::kSeveralTilesACta) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
     const int n_items = a.first_block[a.n_segs];
     bool first_loaded = false;
     Group grp;
@@ -486,7 +507,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
       float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
       tile_streams<Group, 1>(a, seg, it.tile, it.tok, grp, first_loaded, acc);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * kValues + e) * 32 + lane] = acc[0][e];
+      for (int e = 0; e < 4; ++e) red[(warp * 4 + e) * 32 + lane] = acc[0][e];
       // The CTA's next row tile's first group is loaded while this one's streams are joined (the
       // registers the first tile loads before the PDL wait).
       const int next = item + int(gridDim.x);
@@ -502,37 +523,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
       if (next < n_items) __syncthreads();  // red is the next tile's
     }
   } else {
-    Group grp;
-    const Item it = item_at<NTF>(a, int(blockIdx.x));
-    const MatSeg& seg = a.seg[it.si];
-    float acc[NTF][4];
-#pragma unroll
-    for (int nf = 0; nf < NTF; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nf][e] = 0.0f;
-    tile_streams<Group, NTF>(a, seg, it.tile, it.tok, grp, false, acc);
-#pragma unroll
-    for (int nf = 0; nf < NTF; ++nf)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * kValues + nf * 4 + e) * 32 + lane] = acc[nf][e];
-    __syncthreads();
-    join_streams<NTF>(a, seg, it.tile, it.tok, red);
+    work_item<Group, NTF>(a, item_at<NTF>(a, int(blockIdx.x)), red);
   }
-}
-
-// One row tile at one token fragment, the CTA's streams joined: matmul_mma_kernel's work item
-// without the next tile's first group loaded during the join.
-template <typename Group>
-__device__ __forceinline__ void one_fragment_tile(const MmaArgs& a, const Item& it, float* red) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const MatSeg& seg = a.seg[it.si];
-  Group grp;
-  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-  tile_streams<Group, 1>(a, seg, it.tile, it.tok, grp, false, acc);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) red[(warp * 4 + e) * 32 + lane] = acc[0][e];
-  __syncthreads();
-  join_streams<1>(a, seg, it.tile, it.tok, red);
 }
 
 // One launch of segments of two k-quant types at one token fragment (q/k in q4_K with a q6_K v,
@@ -555,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<1>) matmul_mma_q4k_q6k_ke
       if ((a.seg[it.si].w.type == GgmlType::Q6_K) != kQ6K) continue;
       if (!first) __syncthreads();  // red is this tile's
       first = false;
-      one_fragment_tile<Group>(a, it, red);
+      work_item<Group, 1>(a, it, red);
     }
   };
   walk(GroupQK45<false>{});
@@ -603,17 +595,25 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
     launch_mma<4>(matmul_mma_kernel<Group, 4>, a, grid, s);
 }
 
-// The row tiles of a.seg[0 .. a.n_segs), into a.first_block; returns their count.
-int plan_row_tiles(MmaArgs& a) {
+// The arguments of a launch over these segments: the segments, their row tiles (first_block) and
+// the operands.
+MmaArgs mma_args(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra) {
+  MmaArgs a{};
+  a.n_segs = n_segs;
   int row_tiles = 0;
-  for (int i = 0; i < a.n_segs; ++i) {
+  for (int i = 0; i < n_segs; ++i) {
+    a.seg[i] = segs[i];
     a.first_block[i] = row_tiles;
-    const bool roped = a.seg[i].epi == Epilogue::RopeQ || a.seg[i].epi == Epilogue::RopeK;
-    row_tiles += roped ? (a.seg[i].w.rows / 2 + 7) / 8 : (a.seg[i].w.rows + kTileRows - 1) / kTileRows;
+    const bool roped = segs[i].epi == Epilogue::RopeQ || segs[i].epi == Epilogue::RopeK;
+    row_tiles += roped ? (segs[i].w.rows / 2 + 7) / 8 : (segs[i].w.rows + kTileRows - 1) / kTileRows;
   }
-  a.first_block[a.n_segs] = row_tiles;
-  return row_tiles;
+  a.first_block[n_segs] = row_tiles;
+  a.act = act_q8;
+  a.n_tokens = n_tokens;
+  a.extra = extra;
+  return a;
 }
+int row_tiles_of(const MmaArgs& a) { return a.first_block[a.n_segs]; }
 
 // The q4_K + q6_K launch for these segments at one token fragment, if it takes them: q4_K and q6_K,
 // nothing else, and MatVecExtra::launch_per_type unset. (q5_K with q6_K spilled 56 bytes.)
@@ -627,15 +627,8 @@ bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n
     if (segs[i].w.type != GgmlType::Q4_K && segs[i].w.type != GgmlType::Q6_K) return false;
   }
   if (!q4k || !q6k) return false;
-  MmaArgs a{};
-  a.n_segs = n_segs;
-  for (int i = 0; i < n_segs; ++i) a.seg[i] = segs[i];
-  const int row_tiles = plan_row_tiles(a);
-  a.act = act_q8;
-  a.n_tokens = n_tokens;
-  a.extra = extra;
-  const int grid = one_fragment_ctas<GroupQ6K>(row_tiles, extra);
-  launch_mma<1>(matmul_mma_q4k_q6k_kernel, a, grid, s);
+  const MmaArgs a = mma_args(segs, n_segs, act_q8, n_tokens, extra);
+  launch_mma<1>(matmul_mma_q4k_q6k_kernel, a, one_fragment_ctas<GroupQ6K>(row_tiles_of(a), extra), s);
   return true;
 }
 
@@ -676,17 +669,15 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
   for (int first = 0; first < n_segs; ++first) {
     if (taken[first]) continue;
     const GgmlType type = segs[first].w.type;
-    MmaArgs a{};
-    a.n_segs = segments_of_type(segs, n_segs, first, taken, a.seg);
-    const int row_tiles = plan_row_tiles(a);
-    if (matmul_wgmma_takes(a.seg, a.n_segs, n_tokens, launch_extra)) {
-      launch_matmul_wgmma(a.seg, a.n_segs, act_q8, n_tokens, launch_extra, s);
+    MatSeg of_type[kMaxMatSegs];
+    const int n = segments_of_type(segs, n_segs, first, taken, of_type);
+    if (matmul_wgmma_takes(of_type, n, n_tokens, launch_extra)) {
+      launch_matmul_wgmma(of_type, n, act_q8, n_tokens, launch_extra, s);
       launch_extra.wgmma_operand_ready = operand_format_of(type);  // built by (or for) that launch
       continue;
     }
-    a.act = act_q8;
-    a.n_tokens = n_tokens;
-    a.extra = launch_extra;
+    const MmaArgs a = mma_args(of_type, n, act_q8, n_tokens, launch_extra);
+    const int row_tiles = row_tiles_of(a);
     switch (type) {
       case GgmlType::Q4_K: launch_group<GroupQK45<false>>(a, row_tiles, s); break;
       case GgmlType::Q5_K: launch_group<GroupQK45<true>>(a, row_tiles, s); break;
