@@ -465,12 +465,20 @@ __device__ void join_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   }
 }
 
+// The thread's stream values into red (red[warp][value][lane]), for join_streams after a barrier.
+template <int NTF>
+__device__ __forceinline__ void streams_to_red(const float (&acc)[NTF][4], float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int nf = 0; nf < NTF; ++nf)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[(warp * NTF * 4 + nf * 4 + e) * 32 + lane] = acc[nf][e];
+}
+
 // One work item: its streams, then joined by the CTA (without the next tile's first group loaded
 // during the join, which the several-tiles loop of matmul_mma_kernel does).
 template <typename Group, int NTF>
 __device__ __forceinline__ void work_item(const MmaArgs& a, const Item& it, float* red) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int kValues = NTF * 4;
   const MatSeg& seg = a.seg[it.si];
   Group grp;
   float acc[NTF][4];
@@ -479,10 +487,7 @@ __device__ __forceinline__ void work_item(const MmaArgs& a, const Item& it, floa
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nf][e] = 0.0f;
   tile_streams<Group, NTF>(a, seg, it.tile, it.tok, grp, false, acc);
-#pragma unroll
-  for (int nf = 0; nf < NTF; ++nf)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) red[(warp * kValues + nf * 4 + e) * 32 + lane] = acc[nf][e];
+  streams_to_red<NTF>(acc, red);
   __syncthreads();
   join_streams<NTF>(a, seg, it.tile, it.tok, red);
 }
@@ -506,8 +511,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
       const MatSeg& seg = a.seg[it.si];
       float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
       tile_streams<Group, 1>(a, seg, it.tile, it.tok, grp, first_loaded, acc);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) red[(warp * 4 + e) * 32 + lane] = acc[0][e];
+      streams_to_red<1>(acc, red);
       // The CTA's next row tile's first group is loaded while this one's streams are joined (the
       // registers the first tile loads before the PDL wait).
       const int next = item + int(gridDim.x);
