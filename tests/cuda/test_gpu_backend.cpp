@@ -444,6 +444,22 @@ TEST(GpuBackend, TwoTypeDecodeMatmulKeepsTheBitsOfALaunchPerType) {
   ASSERT_EQ(together.argmax, apart.argmax);
 }
 
+// qwen2.5-0.5b's down projections (19 groups a row, 56 row tiles) with two groups in flight a
+// warp give the logits of one group in flight (MINFER_NO_TWO_GROUPS_IN_FLIGHT).
+TEST(GpuBackend, TwoGroupsInFlightKeepTheBitsOfOne) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("qwen2.5-0.5b");
+  const Trace two = trace(s, Fusions{});
+  setenv("MINFER_NO_TWO_GROUPS_IN_FLIGHT", "1", 1);
+  const Trace one = trace(s, Fusions{});
+  unsetenv("MINFER_NO_TWO_GROUPS_IN_FLIGHT");
+  ASSERT_EQ(two.logits.size(), one.logits.size());
+  for (size_t i = 0; i < two.logits.size(); ++i)
+    ASSERT_EQ(std::memcmp(two.logits[i].data(), one.logits[i].data(), one.logits[i].size() * 4), 0)
+        << "logits of output " << i << " differ";
+  ASSERT_EQ(two.argmax, one.argmax);
+}
+
 // A sequence's greedy tokens and logits are the same alone (prompt in one step, then one token per
 // step) as among 31 others through the scheduler, with its prompt cut into chunks that share
 // steps with other sequences' decode tokens (the decode matmul then runs many rows on the

@@ -593,14 +593,18 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     wgmma.wgmma_operand_bytes = cuda::wgmma_operand_bytes(sh.cols);
     const bool has_wgmma = (sh.t == GgmlType::Q4_K || (sh.t == GgmlType::Q6_K && sh.rows % 4 == 0)) &&
                            cuda::prefill_gemm_device_has_wgmma();
-    // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles.
-    cuda::MatVecExtra three_ctas;
+    // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, and
+    // with two groups in flight a warp (rows of more than 16 groups, on 132 SMs).
+    cuda::MatVecExtra three_ctas, two_groups;
     three_ctas.decode_ctas = 3;
-    for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "wgmma"})
+    two_groups.sm_count = 132;
+    for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "mma two groups", "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
         const bool wgmma_kernel = std::string(kernel) == "wgmma", few_ctas = std::string(kernel) == "mma 3 CTAs";
+        const bool ahead = std::string(kernel) == "mma two groups";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         if (few_ctas && n > 8) continue;
+        if (ahead && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
         seg.bias = dbias.get();
@@ -613,6 +617,9 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, wgmma, nullptr);
         } else if (few_ctas) {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, three_ctas, nullptr);
+        } else if (ahead) {
+          ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, n, two_groups));
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, two_groups, nullptr);
         } else if (std::string(kernel) == "mma") {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, {}, nullptr);
         } else {
@@ -659,6 +666,44 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
         ASSERT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * size_t(l.rows) * 4), 0)
             << type_traits(l.type).name << " " << l.rows << " rows, tokens " << n << ", segment " << s;
       }
+    }
+  }
+}
+
+// The 7B's down projection (3,584 rows of 18,944 columns, q4_K and q6_K: 74 groups a row, 224 row
+// tiles) with bias and residual at 1, 5 and 8 tokens: with two groups in flight a warp (the
+// backend's launch on an H200's 132 SMs) the bits of one group in flight.
+TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
+  MINFER_REQUIRE_GPU();
+  const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
+  const int rows = preset.n_embd, cols = preset.n_ff, max_tokens = 8;
+  cuda::MatVecExtra two, one;
+  two.sm_count = one.sm_count = 132;
+  one.one_group_in_flight = true;
+  const auto bias = random_normal(size_t(rows), 0.2f, 240);
+  const auto residual = random_normal(size_t(max_tokens) * rows, 1.0f, 241);
+  DeviceBuffer<float> dbias(bias), dres(residual), out_two(size_t(max_tokens) * rows),
+      out_one(size_t(max_tokens) * rows);
+  DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
+                    max_tokens, cols);
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    DeviceBuffer<uint8_t> w(cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 243)));
+    cuda::MatSeg seg[2];
+    for (int v = 0; v < 2; ++v) {
+      seg[v].w = {type, rows, cols, w.get()};
+      seg[v].bias = dbias.get();
+      seg[v].residual = dres.get();
+      seg[v].out = v == 0 ? out_two.get() : out_one.get();
+      seg[v].ld_out = rows;
+    }
+    ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg[0], 1, 1, two));
+    ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg[1], 1, 1, one));
+    for (int n : {1, 5, 8}) {
+      cuda::launch_matmul_mma(&seg[0], 1, plane.plane, n, two, nullptr);
+      cuda::launch_matmul_mma(&seg[1], 1, plane.plane, n, one, nullptr);
+      const auto a = out_two.download(), b = out_one.download();
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * size_t(rows) * 4), 0)
+          << type_traits(type).name << " tokens " << n;
     }
   }
 }

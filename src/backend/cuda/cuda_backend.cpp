@@ -111,6 +111,9 @@ struct CudaBackend::Impl {
   // MINFER_NO_TWO_TYPE_DECODE_MATMUL: that matmul launches q/k and a q6_K v apart
   // (MatVecExtra::launch_per_type).
   const bool two_type_decode_matmul = !env_flag("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
+  // MINFER_NO_TWO_GROUPS_IN_FLIGHT: that matmul keeps one group's weights in flight a warp
+  // (MatVecExtra::one_group_in_flight) instead of two where its warps stream many (down).
+  const bool two_groups_in_flight = !env_flag("MINFER_NO_TWO_GROUPS_IN_FLIGHT");
   DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
@@ -797,6 +800,7 @@ struct CudaBackend::Impl {
     extra.sm_count = ctx.sm_count;
     extra.decode_ctas = persistent_decode_matmul ? 0 : -1;
     extra.launch_per_type = !two_type_decode_matmul;
+    extra.one_group_in_flight = !two_groups_in_flight;
     int64_t weights_in_launch = 0;
     bool q6k = false;
     for (int i = 0; i < l.n_segs; ++i) {

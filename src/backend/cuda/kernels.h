@@ -228,6 +228,10 @@ struct MatVecExtra {
   // The tensor-core decode matmul at one token fragment takes q4_K and q6_K segments (q/k with a
   // q6_K v) in one launch, unless this is set: a launch per type. The same bits.
   bool launch_per_type = false;
+  // The tensor-core decode matmul at one token fragment keeps two groups' weights in flight a warp
+  // where each warp streams more than two groups and the row tiles fit one wave at two CTAs an SM
+  // (down), unless this is set: one group. The same bits.
+  bool one_group_in_flight = false;
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",
@@ -251,6 +255,9 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
 // REQUIRES act_q8.token0 % 32 == 0 (its fragments are the plane's tiles).
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                        const KernelStream& s);
+// Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with two groups'
+// weights in flight a warp (MatVecExtra::one_group_in_flight).
+bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 // The q4_K and q6_K decode matmul on warpgroup MMA (sm_90a) for kWgmmaMinTokens..64 tokens: the
 // canonical order's bits from f16 tensor-core products of exact integers (matmul_wgmma.cu).
 // launch_matmul_mma takes it for a type's segments of a launch when matmul_wgmma_takes says so:

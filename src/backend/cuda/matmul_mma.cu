@@ -121,6 +121,7 @@ struct GroupQK45 {
   static constexpr bool kPartialGroups = false;  // rows of whole groups (cols % 256 == 0)
   static constexpr int kBLead = 2;               // sub-blocks of B loads in flight ahead (NTF > 1)
   static constexpr bool kSeveralTilesACta = true;  // at one fragment (matmul_mma_kernel)
+  static constexpr bool kTwoGroupsInFlight = true;  // at one fragment (matmul_mma_two_groups_kernel)
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
   }
@@ -212,6 +213,7 @@ struct GroupQ6K {
   static constexpr bool kPartialGroups = false;
   static constexpr int kBLead = 2;
   static constexpr bool kSeveralTilesACta = true;
+  static constexpr bool kTwoGroupsInFlight = true;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kQ6KDeviceBlockBytes;
   }
@@ -278,8 +280,10 @@ struct GroupQ8 {
   // Its float Parts leave no registers for B loads a sub-block ahead (ptxas: spills 8 -> 84 bytes
   // at four fragments).
   static constexpr int kBLead = 0;
-  // Nor for a loop over several row tiles a CTA at one fragment (spills 56 -> 112 bytes).
+  // Nor for a loop over several row tiles a CTA at one fragment (spills 56 -> 112 bytes), nor
+  // for a second group's weights (184 bytes at two CTAs an SM).
   static constexpr bool kSeveralTilesACta = false;
+  static constexpr bool kTwoGroupsInFlight = false;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 32) + 8 * g) * 34;
   }
@@ -362,11 +366,15 @@ __device__ __forceinline__ int tile_load_row(const MatSeg& seg, const MatVecExtr
   return row;
 }
 
-// Stream `warp` of the tile: acc[nf][e] = the sum of its groups' terms, in group order. With
-// first_loaded, grp already holds the warp's first group (group `warp`) of this tile.
-template <typename Group, int NTF>
-__device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok, Group& grp,
-                             bool first_loaded, float (&acc)[NTF][4]) {
+// Stream `warp` of the tile: acc[nf][e] = the sum of its groups' terms, in group order. The warp
+// holds the weights of kInFlight of its groups at once: grp[i] takes its groups warp + i * kWarps,
+// then every kInFlight-th one after, each load issued right after grp[i]'s last products, so it
+// flies while the other sets are multiplied. kInFlight == 1: each group is loaded at its turn,
+// after an L2 prefetch one group ahead; with first_loaded, grp[0] already holds group `warp`.
+template <typename Group, int NTF, int kInFlight = 1>
+__device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok,
+                             Group (&grp)[kInFlight], bool first_loaded, float (&acc)[NTF][4]) {
+  static_assert(kInFlight == 1 || NTF == 1, "groups in flight ahead at one token fragment only");
   const DevMat& m = seg.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
   const int R[2] = {tile_load_row(seg, a.extra, tile, gid), tile_load_row(seg, a.extra, tile, gid + 8)};
@@ -375,19 +383,26 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   const uint8_t* b_tile = tok.plane.block_quants(tok.first, 0) + 32 * gid;
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
-  // At one token fragment the first group's weights are loaded before the PDL wait: they depend on
+  // At one token fragment the first groups' weights are loaded before the PDL wait: they depend on
   // no earlier kernel, so they arrive during that kernel's tail (measured +4 % at 8 sequences). At
   // more fragments the registers held across the wait cost the loop more (-20 % at 64).
-  if (NTF == 1 && !first_loaded && warp < n_groups) grp.load(m, R, warp, tid);
-  await_predecessor();
-  for (int g = warp; g < n_groups; g += kWarps) {
-    if (g + kWarps < n_groups) {
-      // the next group's bytes of rows R[0], R[1]: tid covers 64-byte slice tid of each
+  if (NTF == 1 && !first_loaded) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r)
-        if (64 * tid < Group::kGroupBytes) prefetch_l2(Group::group_base(m, R[r], g + kWarps) + 64 * tid);
+    for (int i = 0; i < kInFlight; ++i)
+      if (warp + i * kWarps < n_groups) grp[i].load(m, R, warp + i * kWarps, tid);
+  }
+  await_predecessor();
+  // Group g's terms into the stream, from the weights in cur.
+  const auto add_group = [&](Group& cur, int g) {
+    if (kInFlight == 1) {
+      if (g + kWarps < n_groups) {
+        // the next group's bytes of rows R[0], R[1]: tid covers 64-byte slice tid of each
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+          if (64 * tid < Group::kGroupBytes) prefetch_l2(Group::group_base(m, R[r], g + kWarps) + 64 * tid);
+      }
+      if (NTF != 1 || g != warp) cur.load(m, R, g, tid);
     }
-    if (NTF != 1 || g != warp) grp.load(m, R, g, tid);
     // Sub-block j's B registers of fragment nf, at immediate offsets from one pointer. A q8_0 row's
     // short last group reads its last block again (unused).
     const int last_j = Group::kPartialGroups ? n_blocks - 1 - 8 * g : 7;
@@ -410,18 +425,24 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
       if (j + kLead < 8)
 #pragma unroll
         for (int nf = 0; nf < NTF; ++nf) b[j + kLead][nf] = b_operand(j + kLead, nf);
-      grp.multiply(j, b[j], 8 * g + j, tok, tid, part);
+      cur.multiply(j, b[j], 8 * g + j, tok, tid, part);
     }
-    grp.close(tok, g, lane, part);
+    cur.close(tok, g, lane, part);
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
       const float2 pair = tok.scale_pair(8 * nf + 2 * tid, g);
       const float da[2] = {pair.x, pair.y};
       float t[4];
-      grp.finish(part[nf], da, t);
+      cur.finish(part[nf], da, t);
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[nf][e] = __fadd_rn(acc[nf][e], t[e]);
     }
+    if (kInFlight > 1 && g + kInFlight * kWarps < n_groups) cur.load(m, R, g + kInFlight * kWarps, tid);
+  };
+  for (int g = warp; g < n_groups; g += kInFlight * kWarps) {
+    add_group(grp[0], g);
+    if constexpr (kInFlight == 2)
+      if (g + kWarps < n_groups) add_group(grp[1], g + kWarps);
   }
 }
 
@@ -477,16 +498,16 @@ __device__ __forceinline__ void streams_to_red(const float (&acc)[NTF][4], float
 
 // One work item: its streams, then joined by the CTA (without the next tile's first group loaded
 // during the join, which the several-tiles loop of matmul_mma_kernel does).
-template <typename Group, int NTF>
+template <typename Group, int NTF, int kInFlight = 1>
 __device__ __forceinline__ void work_item(const MmaArgs& a, const Item& it, float* red) {
   const MatSeg& seg = a.seg[it.si];
-  Group grp;
+  Group grp[kInFlight];
   float acc[NTF][4];
 #pragma unroll
   for (int nf = 0; nf < NTF; ++nf)
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nf][e] = 0.0f;
-  tile_streams<Group, NTF>(a, seg, it.tile, it.tok, grp, false, acc);
+  tile_streams<Group, NTF, kInFlight>(a, seg, it.tile, it.tok, grp, false, acc);
   streams_to_red<NTF>(acc, red);
   __syncthreads();
   join_streams<NTF>(a, seg, it.tile, it.tok, red);
@@ -505,7 +526,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
     const int n_items = a.first_block[a.n_segs];
     bool first_loaded = false;
-    Group grp;
+    Group grp[1];
     for (int item = int(blockIdx.x); item < n_items; item += int(gridDim.x)) {
       const Item it = item_at<1>(a, item);
       const MatSeg& seg = a.seg[it.si];
@@ -520,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
         const Item nx = item_at<1>(a, next);
         const MatSeg& nseg = a.seg[nx.si];
         const int R[2] = {tile_load_row(nseg, a.extra, nx.tile, gid), tile_load_row(nseg, a.extra, nx.tile, gid + 8)};
-        if (warp < (nseg.w.cols + 255) / 256) grp.load(nseg.w, R, warp, tid), first_loaded = true;
+        if (warp < (nseg.w.cols + 255) / 256) grp[0].load(nseg.w, R, warp, tid), first_loaded = true;
       }
       __syncthreads();
       join_streams<1>(a, seg, it.tile, it.tok, red);
@@ -558,6 +579,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<1>) matmul_mma_q4k_q6k_ke
   walk(GroupQ6K{});
 }
 
+// One row tile a CTA at one token fragment, each warp with two groups' weights in flight (the
+// next one's load issued as this one's products start): for launches whose warps stream many
+// groups a tile (down: 74 at K = 18944), where one group in flight leaves a round trip between
+// each group's products. Two CTAs an SM (128 registers), so it is launched only where the row
+// tiles fit one wave at that (two_groups_in_flight).
+// REQUIRES: as matmul_mma_kernel at NTF == 1, one row tile a CTA.
+template <typename Group>
+__global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(const __grid_constant__ MmaArgs a) {
+  __shared__ float red[kReduceFloats<1>];
+  work_item<Group, 1, 2>(a, item_at<1>(a, int(blockIdx.x)), red);
+}
+
 // Launches a decode matmul kernel whose CTAs hold NTF token fragments.
 template <int NTF>
 void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const KernelStream& s) {
@@ -585,18 +618,32 @@ int one_fragment_ctas(int row_tiles, const MatVecExtra& extra) {
   return extra.sm_count > 0 ? std::min(row_tiles, kCtasPerSm<1> * extra.sm_count) : row_tiles;
 }
 
+// Whether a one-fragment launch takes matmul_mma_two_groups_kernel: every warp streams more than
+// two groups of each segment (7B down: +3.3 % at one sequence against one group in flight; o and
+// q/k/v, two groups a warp: ±0) and one tile a CTA at two CTAs an SM is one wave.
+bool two_groups_in_flight(const MmaArgs& a, int row_tiles) {
+  if (a.extra.one_group_in_flight || a.extra.sm_count <= 0) return false;
+  if (row_tiles > 2 * a.extra.sm_count) return false;
+  for (int i = 0; i < a.n_segs; ++i)
+    if (a.seg[i].w.cols / 256 <= 2 * kWarps) return false;
+  return true;
+}
+
 template <typename Group>
 void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   // At most 32 tokens a CTA: four fragments keep the kernel near 128 registers (two CTAs per SM).
   // (measured: 16 tokens a CTA is 4-5 % slower than 32 at 32 and 64 sequences)
   const int ntf = a.n_tokens <= 8 ? 1 : a.n_tokens <= 16 ? 2 : 4;
   const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
-  if (ntf == 1)
+  if (ntf == 1) {
+    if constexpr (Group::kTwoGroupsInFlight)
+      if (two_groups_in_flight(a, row_tiles)) return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
     launch_mma<1>(matmul_mma_kernel<Group, 1>, a, one_fragment_ctas<Group>(row_tiles, a.extra), s);
-  else if (ntf == 2)
+  } else if (ntf == 2) {
     launch_mma<2>(matmul_mma_kernel<Group, 2>, a, grid, s);
-  else
+  } else {
     launch_mma<4>(matmul_mma_kernel<Group, 4>, a, grid, s);
+  }
 }
 
 // The arguments of a launch over these segments: the segments, their row tiles (first_block) and
@@ -651,6 +698,16 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
     if (matmul_wgmma_takes(of_type, n, n_tokens, extra)) return operand_format_of(segs[first].w.type);
   }
   return OperandFormat::None;
+}
+
+bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  if (n_segs < 1 || n_segs > kMaxMatSegs || n_tokens < 1 || n_tokens > 8) return false;
+  const GgmlType t = segs[0].w.type;
+  for (int i = 0; i < n_segs; ++i)
+    if (segs[i].w.type != t) return false;
+  if (t != GgmlType::Q4_K && t != GgmlType::Q5_K && t != GgmlType::Q6_K) return false;
+  const MmaArgs a = mma_args(segs, n_segs, Q8Plane{}, n_tokens, extra);
+  return two_groups_in_flight(a, row_tiles_of(a));
 }
 
 bool matmul_mma_supports(GgmlType t) {
