@@ -595,16 +595,16 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
                            cuda::prefill_gemm_device_has_wgmma();
     // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, and
     // with two groups in flight a warp (rows of more than 16 groups, on 132 SMs).
-    cuda::MatVecExtra three_ctas, two_groups;
+    cuda::MatVecExtra three_ctas, on_132_sms;
     three_ctas.decode_ctas = 3;
-    two_groups.sm_count = 132;
+    on_132_sms.sm_count = 132;
     for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "mma two groups", "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
         const bool wgmma_kernel = std::string(kernel) == "wgmma", few_ctas = std::string(kernel) == "mma 3 CTAs";
-        const bool ahead = std::string(kernel) == "mma two groups";
+        const bool two_groups = std::string(kernel) == "mma two groups";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         if (few_ctas && n > 8) continue;
-        if (ahead && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
+        if (two_groups && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
         seg.bias = dbias.get();
@@ -617,9 +617,9 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, wgmma, nullptr);
         } else if (few_ctas) {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, three_ctas, nullptr);
-        } else if (ahead) {
-          ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, n, two_groups));
-          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, two_groups, nullptr);
+        } else if (two_groups) {
+          ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, n, on_132_sms));
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_132_sms, nullptr);
         } else if (std::string(kernel) == "mma") {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, {}, nullptr);
         } else {

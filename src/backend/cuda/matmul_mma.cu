@@ -6,7 +6,9 @@
 // run, a thread's 8 bytes one aligned load, and every fragment and sub-block of a group an
 // immediate offset from one pointer). Warp w sums stream w of the canonical order
 // (quant/canonical_dot.h): the 256-column groups g = w, w + 8, ... in order, the next group's
-// weight lines prefetched to L2 while this one is multiplied. A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
+// weight lines prefetched to L2 while this one is multiplied (or, where a warp streams many
+// groups at one token fragment, the next group's weights already in a second register set:
+// matmul_mma_two_groups_kernel). A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
 // kernel's registers are what its type needs — except q4_K with q6_K at one token fragment, where
 // both kernels have the same registers (matmul_mma_q4k_q6k_kernel).
 // For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
@@ -579,11 +581,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<1>) matmul_mma_q4k_q6k_ke
   walk(GroupQ6K{});
 }
 
-// One row tile a CTA at one token fragment, each warp with two groups' weights in flight (the
-// next one's load issued as this one's products start): for launches whose warps stream many
-// groups a tile (down: 74 at K = 18944), where one group in flight leaves a round trip between
-// each group's products. Two CTAs an SM (128 registers), so it is launched only where the row
-// tiles fit one wave at that (two_groups_in_flight).
+// One row tile a CTA at one token fragment, each warp holding two of its groups' weights in
+// registers: a group is multiplied while the next one's loads fly, and its registers are reloaded
+// with the group after next right after its products. For launches whose warps stream many groups
+// a tile (down: 74 at K = 18944), where one group in flight leaves a round trip before each
+// group's products. Two CTAs an SM (128 registers), so it is launched only where the row tiles
+// fit one wave at that (two_groups_in_flight).
 // REQUIRES: as matmul_mma_kernel at NTF == 1, one row tile a CTA.
 template <typename Group>
 __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(const __grid_constant__ MmaArgs a) {
@@ -619,8 +622,9 @@ int one_fragment_ctas(int row_tiles, const MatVecExtra& extra) {
 }
 
 // Whether a one-fragment launch takes matmul_mma_two_groups_kernel: every warp streams more than
-// two groups of each segment (7B down: +3.3 % at one sequence against one group in flight; o and
-// q/k/v, two groups a warp: ±0) and one tile a CTA at two CTAs an SM is one wave.
+// two groups of each segment (7B down: +4.1 % at one sequence against one group in flight; o, two
+// groups a warp: ±0; gate/up, which fills three CTAs an SM, lost 8.6 % at two) and one tile a CTA
+// at two CTAs an SM is one wave.
 bool two_groups_in_flight(const MmaArgs& a, int row_tiles) {
   if (a.extra.one_group_in_flight || a.extra.sm_count <= 0) return false;
   if (row_tiles > 2 * a.extra.sm_count) return false;
