@@ -387,6 +387,23 @@ Trace trace(const Synth& s, Fusions f) {
   for (int k = 0; k < 4; ++k) run({0}, 0);
   return t;
 }
+// Every output's logits and argmax of b are a's, bit for bit.
+void expect_same_trace(const Trace& a, const Trace& b, const std::string& what) {
+  ASSERT_EQ(a.logits.size(), b.logits.size()) << what;
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    ASSERT_EQ(std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * 4), 0)
+        << what << ": logits of output " << i << " differ";
+  ASSERT_EQ(a.argmax, b.argmax) << what;
+}
+// The preset's trace with the backend's opt-out variable set is its trace without it.
+void expect_opt_out_keeps_the_trace(const char* preset, const char* opt_out) {
+  const Synth& s = synth_model(preset);
+  const Trace with = trace(s, Fusions{});
+  setenv(opt_out, "1", 1);
+  const Trace without = trace(s, Fusions{});
+  unsetenv(opt_out);
+  expect_same_trace(with, without, std::string(preset) + ", " + opt_out);
+}
 
 // tiny: q4_K everywhere (the SwiGLU GEMM); tiny-llama3: a q6_K v in some layers (q/k and v on two
 // streams); qwen2.5-0.5b: q5_0 gate/up (no GEMM: the matvec over the prompt rows, which quantizes
@@ -418,12 +435,8 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
     const Synth& s = synth_model(preset);
     const Trace ref = trace(s, Fusions{});  // everything on
     for (const auto& [name, f] : variants) {
-      const Trace t = trace(s, f);
-      ASSERT_EQ(t.logits.size(), ref.logits.size());
-      for (size_t i = 0; i < t.logits.size(); ++i)
-        ASSERT_EQ(std::memcmp(t.logits[i].data(), ref.logits[i].data(), t.logits[i].size() * 4), 0)
-            << preset << ", " << name << ": logits of output " << i << " differ";
-      ASSERT_EQ(t.argmax, ref.argmax) << preset << ", " << name;
+      expect_same_trace(ref, trace(s, f), std::string(preset) + ", " + name);
+      if (HasFatalFailure()) return;
     }
   }
 }
@@ -432,32 +445,14 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
 // the epilogue) give the logits of a launch per type (MINFER_NO_TWO_TYPE_DECODE_MATMUL).
 TEST(GpuBackend, TwoTypeDecodeMatmulKeepsTheBitsOfALaunchPerType) {
   MINFER_REQUIRE_GPU();
-  const Synth& s = synth_model("tiny-llama3");
-  const Trace together = trace(s, Fusions{});
-  setenv("MINFER_NO_TWO_TYPE_DECODE_MATMUL", "1", 1);
-  const Trace apart = trace(s, Fusions{});
-  unsetenv("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
-  ASSERT_EQ(together.logits.size(), apart.logits.size());
-  for (size_t i = 0; i < together.logits.size(); ++i)
-    ASSERT_EQ(std::memcmp(together.logits[i].data(), apart.logits[i].data(), apart.logits[i].size() * 4), 0)
-        << "logits of output " << i << " differ";
-  ASSERT_EQ(together.argmax, apart.argmax);
+  expect_opt_out_keeps_the_trace("tiny-llama3", "MINFER_NO_TWO_TYPE_DECODE_MATMUL");
 }
 
 // qwen2.5-0.5b's down projections (19 groups a row, 56 row tiles) with two groups in flight a
 // warp give the logits of one group in flight (MINFER_NO_TWO_GROUPS_IN_FLIGHT).
 TEST(GpuBackend, TwoGroupsInFlightKeepTheBitsOfOne) {
   MINFER_REQUIRE_GPU();
-  const Synth& s = synth_model("qwen2.5-0.5b");
-  const Trace two = trace(s, Fusions{});
-  setenv("MINFER_NO_TWO_GROUPS_IN_FLIGHT", "1", 1);
-  const Trace one = trace(s, Fusions{});
-  unsetenv("MINFER_NO_TWO_GROUPS_IN_FLIGHT");
-  ASSERT_EQ(two.logits.size(), one.logits.size());
-  for (size_t i = 0; i < two.logits.size(); ++i)
-    ASSERT_EQ(std::memcmp(two.logits[i].data(), one.logits[i].data(), one.logits[i].size() * 4), 0)
-        << "logits of output " << i << " differ";
-  ASSERT_EQ(two.argmax, one.argmax);
+  expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_TWO_GROUPS_IN_FLIGHT");
 }
 
 // A sequence's greedy tokens and logits are the same alone (prompt in one step, then one token per
