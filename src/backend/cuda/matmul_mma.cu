@@ -376,7 +376,7 @@ __device__ __forceinline__ int tile_load_row(const MatSeg& seg, const MatVecExtr
 template <typename Group, int NTF, int kInFlight = 1>
 __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok,
                              Group (&grp)[kInFlight], bool first_loaded, float (&acc)[NTF][4]) {
-  static_assert(kInFlight == 1 || NTF == 1, "groups in flight ahead at one token fragment only");
+  static_assert(kInFlight == 1 || (kInFlight == 2 && NTF == 1), "two groups in flight, at one token fragment only");
   const DevMat& m = seg.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
   const int R[2] = {tile_load_row(seg, a.extra, tile, gid), tile_load_row(seg, a.extra, tile, gid + 8)};
@@ -709,7 +709,13 @@ bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_token
   const GgmlType t = segs[0].w.type;
   for (int i = 0; i < n_segs; ++i)
     if (segs[i].w.type != t) return false;
-  if (t != GgmlType::Q4_K && t != GgmlType::Q5_K && t != GgmlType::Q6_K) return false;
+  // The type's Group has the kernel (launch_group's dispatch).
+  const bool has_kernel = t == GgmlType::Q4_K   ? GroupQK45<false>::kTwoGroupsInFlight
+                          : t == GgmlType::Q5_K ? GroupQK45<true>::kTwoGroupsInFlight
+                          : t == GgmlType::Q6_K ? GroupQ6K::kTwoGroupsInFlight
+                          : t == GgmlType::Q8_0 ? GroupQ8::kTwoGroupsInFlight
+                                                : false;
+  if (!has_kernel) return false;
   const MmaArgs a = mma_args(segs, n_segs, Q8Plane{}, n_tokens, extra);
   return two_groups_in_flight(a, row_tiles_of(a));
 }
