@@ -455,6 +455,14 @@ TEST(GpuBackend, TwoGroupsInFlightKeepTheBitsOfOne) {
   expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_TWO_GROUPS_IN_FLIGHT");
 }
 
+// qwen2.5-1.5b's gate+up launches (q4_K, 1,536 columns, 1,120 row tiles: more than three CTAs an
+// SM take at once on an H200's 132 SMs) with the activations in shared memory give the logits of B
+// from global memory (MINFER_NO_SHARED_ACTIVATIONS).
+TEST(GpuBackend, SharedActivationsKeepTheBitsOfGlobal) {
+  MINFER_REQUIRE_GPU();
+  expect_opt_out_keeps_the_trace("qwen2.5-1.5b", "MINFER_NO_SHARED_ACTIVATIONS");
+}
+
 // A sequence's greedy tokens and logits are the same alone (prompt in one step, then one token per
 // step) as among 31 others through the scheduler, with its prompt cut into chunks that share
 // steps with other sequences' decode tokens (the decode matmul then runs many rows on the

@@ -593,18 +593,23 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     wgmma.wgmma_operand_bytes = cuda::wgmma_operand_bytes(sh.cols);
     const bool has_wgmma = (sh.t == GgmlType::Q4_K || (sh.t == GgmlType::Q6_K && sh.rows % 4 == 0)) &&
                            cuda::prefill_gemm_device_has_wgmma();
-    // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, and
-    // with two groups in flight a warp (rows of more than 16 groups, on 132 SMs).
-    cuda::MatVecExtra three_ctas, on_132_sms;
+    // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, with
+    // two groups in flight a warp (rows of more than 16 groups, on 132 SMs), and with the
+    // activations in shared memory (q4_K rows of <= 6,144 columns, more row tiles than 3 CTAs an
+    // SM take at once on one SM).
+    cuda::MatVecExtra three_ctas, on_132_sms, on_one_sm;
     three_ctas.decode_ctas = 3;
     on_132_sms.sm_count = 132;
-    for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "mma two groups", "wgmma"})
+    on_one_sm.sm_count = 1;
+    for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "mma two groups", "mma shared activations", "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
         const bool wgmma_kernel = std::string(kernel) == "wgmma", few_ctas = std::string(kernel) == "mma 3 CTAs";
         const bool two_groups = std::string(kernel) == "mma two groups";
+        const bool shared = std::string(kernel) == "mma shared activations";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         if (few_ctas && n > 8) continue;
         if (two_groups && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
+        if (shared && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols > 6144)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
         seg.bias = dbias.get();
@@ -620,6 +625,9 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         } else if (two_groups) {
           ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, n, on_132_sms));
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_132_sms, nullptr);
+        } else if (shared) {
+          ASSERT_TRUE(cuda::matmul_mma_shared_activations(&seg, 1, n, on_one_sm));
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_one_sm, nullptr);
         } else if (std::string(kernel) == "mma") {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, {}, nullptr);
         } else {
@@ -633,6 +641,43 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
   }
 }
 
+// segs launched with `tried` and again with `reference`, each into outputs of its own (n tokens,
+// ld_out the segment's rows): the same bits in every segment's outputs.
+void expect_same_decode_matmul_bits(std::vector<cuda::MatSeg> segs, const cuda::Q8Plane& plane, int n,
+                                    const cuda::MatVecExtra& tried, const cuda::MatVecExtra& reference,
+                                    const std::string& what) {
+  std::vector<std::vector<float>> got[2];
+  for (int v = 0; v < 2; ++v) {
+    std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
+    for (cuda::MatSeg& seg : segs) {
+      out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(n) * size_t(seg.w.rows)));
+      seg.out = out.back()->get();
+      seg.ld_out = seg.w.rows;
+    }
+    cuda::launch_matmul_mma(segs.data(), int(segs.size()), plane, n, v == 0 ? tried : reference, nullptr);
+    for (const auto& o : out) got[v].push_back(o->download());
+  }
+  for (size_t s = 0; s < segs.size(); ++s)
+    ASSERT_EQ(std::memcmp(got[0][s].data(), got[1][s].data(), got[0][s].size() * 4), 0)
+        << what << ", tokens " << n << ", segment " << s;
+}
+
+// A preset's gate and up weights (q4_K, random rows) on the device, as the two segments of its
+// gate+up launch.
+struct GateUp {
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
+  std::vector<cuda::MatSeg> segs;
+  GateUp(const synth::Preset& preset, uint64_t seed) {
+    for (int s = 0; s < 2; ++s) {
+      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(
+          GgmlType::Q4_K, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s)))));
+      cuda::MatSeg seg;
+      seg.w = {GgmlType::Q4_K, preset.n_ff, preset.n_embd, w.back()->get()};
+      segs.push_back(seg);
+    }
+  }
+};
+
 // The 7B's gate+up launch (2,368 row tiles) and head (9,504) at 1 and 8 tokens: with CTAs taking
 // several row tiles each (the backend's launch on an H200's 132 SMs) the bits of one CTA a row tile.
 TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
@@ -640,33 +685,36 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
   cuda::MatVecExtra several, one_a_tile;
   several.sm_count = 132;
+  several.activations_from_global = true;
   one_a_tile.decode_ctas = -1;
-  struct Launch { GgmlType type; int rows, segments; };
-  for (const Launch& l : {Launch{GgmlType::Q4_K, preset.n_ff, 2}, Launch{GgmlType::Q6_K, preset.n_vocab, 1}}) {
+  const int cols = preset.n_embd;
+  DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
+  const GateUp gate_up(preset, 180);
+  DeviceBuffer<uint8_t> head(cuda::device_layout(GgmlType::Q6_K, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
+  cuda::MatSeg head_seg;
+  head_seg.w = {GgmlType::Q6_K, preset.n_vocab, cols, head.get()};
+  for (int n : {1, 8}) {
+    expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, several, one_a_tile, "q4_K gate+up");
+    expect_same_decode_matmul_bits({head_seg}, plane.plane, n, several, one_a_tile, "q6_K head");
+  }
+}
+
+// The 7B's and the 14B's gate+up launches (q4_K, 3,584 and 5,120 columns) at 1, 5 and 8 tokens:
+// with the activations in each CTA's shared memory at four CTAs an SM (the backend's launch on an
+// H200's 132 SMs) the bits of B from global memory.
+TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
+  MINFER_REQUIRE_GPU();
+  cuda::MatVecExtra shared, global;
+  shared.sm_count = global.sm_count = 132;
+  global.activations_from_global = true;
+  for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
+    const synth::Preset& preset = synth::find_preset(name);
     const int cols = preset.n_embd;
-    std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
-    std::vector<std::unique_ptr<DeviceBuffer<float>>> out[2];
-    cuda::MatSeg segs[2][2];
-    for (int s = 0; s < l.segments; ++s) {
-      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-          cuda::device_layout(l.type, test::random_weight_rows(l.type, l.rows, cols, 180 + uint64_t(s)))));
-      for (int v = 0; v < 2; ++v) {
-        out[v].push_back(std::make_unique<DeviceBuffer<float>>(size_t(8) * size_t(l.rows)));
-        segs[v][s].w = {l.type, l.rows, cols, w.back()->get()};
-        segs[v][s].out = out[v].back()->get();
-        segs[v][s].ld_out = l.rows;
-      }
-    }
-    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
-    for (int n : {1, 8}) {
-      cuda::launch_matmul_mma(segs[0], l.segments, plane.plane, n, several, nullptr);
-      cuda::launch_matmul_mma(segs[1], l.segments, plane.plane, n, one_a_tile, nullptr);
-      for (int s = 0; s < l.segments; ++s) {
-        const auto a = out[0][size_t(s)]->download(), b = out[1][size_t(s)]->download();
-        ASSERT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * size_t(l.rows) * 4), 0)
-            << type_traits(l.type).name << " " << l.rows << " rows, tokens " << n << ", segment " << s;
-      }
-    }
+    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 250), 8, cols), 8, cols);
+    const GateUp gate_up(preset, 251);
+    ASSERT_TRUE(cuda::matmul_mma_shared_activations(gate_up.segs.data(), 2, 1, shared)) << name;
+    ASSERT_FALSE(cuda::matmul_mma_shared_activations(gate_up.segs.data(), 2, 1, global)) << name;
+    for (int n : {1, 5, 8}) expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, shared, global, name);
   }
 }
 
@@ -680,31 +728,18 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   cuda::MatVecExtra two, one;
   two.sm_count = one.sm_count = 132;
   one.one_group_in_flight = true;
-  const auto bias = random_normal(size_t(rows), 0.2f, 240);
-  const auto residual = random_normal(size_t(max_tokens) * rows, 1.0f, 241);
-  DeviceBuffer<float> dbias(bias), dres(residual), out_two(size_t(max_tokens) * rows),
-      out_one(size_t(max_tokens) * rows);
+  DeviceBuffer<float> bias(random_normal(size_t(rows), 0.2f, 240)), residual(random_normal(size_t(max_tokens) * rows, 1.0f, 241));
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
                     max_tokens, cols);
   for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
     DeviceBuffer<uint8_t> w(cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 243)));
-    cuda::MatSeg seg[2];
-    for (int v = 0; v < 2; ++v) {
-      seg[v].w = {type, rows, cols, w.get()};
-      seg[v].bias = dbias.get();
-      seg[v].residual = dres.get();
-      seg[v].out = v == 0 ? out_two.get() : out_one.get();
-      seg[v].ld_out = rows;
-    }
-    ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg[0], 1, 1, two));
-    ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg[1], 1, 1, one));
-    for (int n : {1, 5, 8}) {
-      cuda::launch_matmul_mma(&seg[0], 1, plane.plane, n, two, nullptr);
-      cuda::launch_matmul_mma(&seg[1], 1, plane.plane, n, one, nullptr);
-      const auto a = out_two.download(), b = out_one.download();
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * size_t(rows) * 4), 0)
-          << type_traits(type).name << " tokens " << n;
-    }
+    cuda::MatSeg seg;
+    seg.w = {type, rows, cols, w.get()};
+    seg.bias = bias.get();
+    seg.residual = residual.get();
+    ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, two));
+    ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, one));
+    for (int n : {1, 5, 8}) expect_same_decode_matmul_bits({seg}, plane.plane, n, two, one, type_traits(type).name);
   }
 }
 

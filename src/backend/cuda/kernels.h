@@ -232,6 +232,10 @@ struct MatVecExtra {
   // where each warp streams more than two groups and the row tiles fit one wave at two CTAs an SM
   // (down), unless this is set: one group. The same bits.
   bool one_group_in_flight = false;
+  // The tensor-core decode matmul at one token fragment copies the activations into each CTA's
+  // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,
+  // rows of <= 6,144 columns), unless this is set: B from global memory. The same bits.
+  bool activations_from_global = false;
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",
@@ -258,6 +262,9 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with two groups'
 // weights in flight a warp (MatVecExtra::one_group_in_flight).
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with the
+// activations in shared memory (MatVecExtra::activations_from_global).
+bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 // The q4_K and q6_K decode matmul on warpgroup MMA (sm_90a) for kWgmmaMinTokens..64 tokens: the
 // canonical order's bits from f16 tensor-core products of exact integers (matmul_wgmma.cu).
 // launch_matmul_mma takes it for a type's segments of a launch when matmul_wgmma_takes says so:

@@ -52,6 +52,13 @@ constexpr int kReduceFloats = kWarps * NTF * 4 * 32;
 // spill).
 template <int NTF>
 constexpr int kCtasPerSm = NTF == 1 ? 3 : 2;
+// The kernel with the activations in shared memory (matmul_mma_shared_activations_kernel): 4
+// CTAs an SM (64 registers), each holding fragment 0 of the plane's blocks, 256 bytes a block, so
+// rows of up to 6,144 columns (48 KB, the most a launch gets without opting in; four such CTAs
+// and their reduction buffers fit an SM's 228 KB).
+constexpr int kSharedActivationsCtasPerSm = 4;
+constexpr int kSharedActivationsMaxCols = 6144;
+constexpr int kFragmentBytesPerBlock = 256;
 
 struct MmaArgs {
   MatSeg seg[kMaxMatSegs];
@@ -124,6 +131,9 @@ struct GroupQK45 {
   static constexpr int kBLead = 2;               // sub-blocks of B loads in flight ahead (NTF > 1)
   static constexpr bool kSeveralTilesACta = true;  // at one fragment (matmul_mma_kernel)
   static constexpr bool kTwoGroupsInFlight = true;  // at one fragment (matmul_mma_two_groups_kernel)
+  // At one fragment with B from shared memory (matmul_mma_shared_activations_kernel): q4_K, in 64
+  // registers without spills; q5_K not measured.
+  static constexpr bool kSharedActivations = !Q5;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
   }
@@ -216,6 +226,7 @@ struct GroupQ6K {
   static constexpr int kBLead = 2;
   static constexpr bool kSeveralTilesACta = true;
   static constexpr bool kTwoGroupsInFlight = true;
+  static constexpr bool kSharedActivations = false;  // 64 registers spill 70-98 bytes
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kQ6KDeviceBlockBytes;
   }
@@ -286,6 +297,7 @@ struct GroupQ8 {
   // for a second group's weights (184 bytes at two CTAs an SM).
   static constexpr bool kSeveralTilesACta = false;
   static constexpr bool kTwoGroupsInFlight = false;
+  static constexpr bool kSharedActivations = false;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 32) + 8 * g) * 34;
   }
@@ -373,16 +385,20 @@ __device__ __forceinline__ int tile_load_row(const MatSeg& seg, const MatVecExtr
 // then every kInFlight-th one after, each load issued right after grp[i]'s last products, so it
 // flies while the other sets are multiplied. kInFlight == 1: each group is loaded at its turn,
 // after an L2 prefetch one group ahead; with first_loaded, grp[0] already holds group `warp`.
-template <typename Group, int NTF, int kInFlight = 1>
+// kSharedB: B comes from the CTA's copy of fragment 0 in shared memory (matmul_mma_shared_activations_kernel), one
+// sub-block ahead and without the L2 prefetch (both would cost the 64 registers spills).
+template <typename Group, int NTF, int kInFlight = 1, bool kSharedB = false>
 __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok,
                              Group (&grp)[kInFlight], bool first_loaded, float (&acc)[NTF][4]) {
   static_assert(kInFlight == 1 || (kInFlight == 2 && NTF == 1), "two groups in flight, at one token fragment only");
+  static_assert(!kSharedB || (kInFlight == 1 && NTF == 1), "B from shared memory at one group and fragment only");
   const DevMat& m = seg.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
   const int R[2] = {tile_load_row(seg, a.extra, tile, gid), tile_load_row(seg, a.extra, tile, gid + 8)};
   // The thread's B token in block 0 of the CTA's first fragment; fragment nf of block b lies
   // b * 1024 + nf * 256 further (kernels.h: Q8Plane).
   const uint8_t* b_tile = tok.plane.block_quants(tok.first, 0) + 32 * gid;
+  extern __shared__ uint4 activations_copy[];  // kSharedB: fragment 0, 256 bytes a block
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
   // At one token fragment the first groups' weights are loaded before the PDL wait: they depend on
@@ -397,7 +413,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   // Group g's terms into the stream, from the weights in cur.
   const auto add_group = [&](Group& cur, int g) {
     if (kInFlight == 1) {
-      if (g + kWarps < n_groups) {
+      if (!kSharedB && g + kWarps < n_groups) {
         // the next group's bytes of rows R[0], R[1]: tid covers 64-byte slice tid of each
 #pragma unroll
         for (int r = 0; r < 2; ++r)
@@ -409,13 +425,19 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
     // short last group reads its last block again (unused).
     const int last_j = Group::kPartialGroups ? n_blocks - 1 - 8 * g : 7;
     const uint8_t* b_group = b_tile + size_t(g) * 8 * 1024;
-    auto b_operand = [&](int j, int nf) { return Group::b_operand(b_group + min(j, last_j) * 1024 + nf * 256, tid); };
+    auto b_operand = [&](int j, int nf) {
+      if constexpr (kSharedB)
+        return reinterpret_cast<const uint2*>(
+            activations_copy)[((8 * g + min(j, last_j)) * kFragmentBytesPerBlock + 32 * gid + 8 * tid) / 8];
+      return Group::b_operand(b_group + min(j, last_j) * 1024 + nf * 256, tid);
+    };
     // Sub-block j + kLead's B loads are issued before sub-block j's products. At one fragment
     // that is the whole group (one round trip a group: measured +2 % at 1 and 8 sequences); at
     // four, Group::kBLead sub-blocks ahead (one: +3.1 % at 32 sequences and +1.1 % at 64; two
     // for q4_K / q5_K and q6_K: +0.8 % more at both, although q6_K then spills 40 bytes; two alone
-    // for q4_K / q5_K: ±0, so the gain is q6_K's); at two fragments one ahead (the measured form).
-    constexpr int kLead = NTF == 1 ? 8 : NTF == 2 ? std::min(1, Group::kBLead) : Group::kBLead;
+    // for q4_K / q5_K: ±0, so the gain is q6_K's); at two fragments one ahead (the measured form);
+    // from shared memory one ahead.
+    constexpr int kLead = kSharedB ? 1 : NTF == 1 ? 8 : NTF == 2 ? std::min(1, Group::kBLead) : Group::kBLead;
     uint2 b[8][NTF];
 #pragma unroll
     for (int j = 0; j < kLead; ++j)
@@ -515,6 +537,49 @@ __device__ __forceinline__ void work_item(const MmaArgs& a, const Item& it, floa
   join_streams<NTF>(a, seg, it.tile, it.tok, red);
 }
 
+// CTA b's row tiles b, b + gridDim.x, ... at one token fragment. kSharedB: the CTA first copies
+// fragment 0 of the plane's blocks (its <= 8 tokens) into shared memory, after the PDL wait and
+// with its first tile's first group already loaded, and every tile reads B from there.
+template <typename Group, bool kSharedB>
+__device__ __forceinline__ void several_tiles(const MmaArgs& a, float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
+  const int n_items = a.first_block[a.n_segs];
+  bool first_loaded = false;
+  Group grp[1];
+  if constexpr (kSharedB) {
+    extern __shared__ uint4 activations_copy[];
+    const Item it = item_at<1>(a, int(blockIdx.x));
+    const MatSeg& seg = a.seg[it.si];
+    const int R[2] = {tile_load_row(seg, a.extra, it.tile, gid), tile_load_row(seg, a.extra, it.tile, gid + 8)};
+    if (warp < (seg.w.cols + 255) / 256) grp[0].load(seg.w, R, warp, tid), first_loaded = true;
+    await_predecessor();
+    constexpr int kPieces = kFragmentBytesPerBlock / 16;
+    for (int i = int(threadIdx.x); i < a.seg[0].w.cols / 32 * kPieces; i += kThreads)
+      activations_copy[i] = *reinterpret_cast<const uint4*>(a.act.block_quants(0, i / kPieces) + 16 * (i % kPieces));
+    __syncthreads();
+  }
+  for (int item = int(blockIdx.x); item < n_items; item += int(gridDim.x)) {
+    const Item it = item_at<1>(a, item);
+    const MatSeg& seg = a.seg[it.si];
+    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    tile_streams<Group, 1, 1, kSharedB>(a, seg, it.tile, it.tok, grp, first_loaded, acc);
+    streams_to_red<1>(acc, red);
+    // The CTA's next row tile's first group is loaded while this one's streams are joined (the
+    // registers the first tile loads before the PDL wait).
+    const int next = item + int(gridDim.x);
+    first_loaded = false;
+    if (next < n_items) {
+      const Item nx = item_at<1>(a, next);
+      const MatSeg& nseg = a.seg[nx.si];
+      const int R[2] = {tile_load_row(nseg, a.extra, nx.tile, gid), tile_load_row(nseg, a.extra, nx.tile, gid + 8)};
+      if (warp < (nseg.w.cols + 255) / 256) grp[0].load(nseg.w, R, warp, tid), first_loaded = true;
+    }
+    __syncthreads();
+    join_streams<1>(a, seg, it.tile, it.tok, red);
+    if (next < n_items) __syncthreads();  // red is the next tile's
+  }
+}
+
 // REQUIRES: blockDim.x == kThreads; the items are the segments' row tiles (first_block) times
 // ceil(n_tokens / (8 NTF)) token tiles, one a CTA, except at NTF == 1 for
 // Group::kSeveralTilesACta, where CTA b takes row tiles b, b + gridDim.x, ...; every segment of
@@ -524,34 +589,23 @@ __device__ __forceinline__ void work_item(const MmaArgs& a, const Item& it, floa
 template <typename Group, int NTF>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
   __shared__ float red[kReduceFloats<NTF>];
-  if constexpr (NTF == 1 && Group::kSeveralTilesACta) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-    const int n_items = a.first_block[a.n_segs];
-    bool first_loaded = false;
-    Group grp[1];
-    for (int item = int(blockIdx.x); item < n_items; item += int(gridDim.x)) {
-      const Item it = item_at<1>(a, item);
-      const MatSeg& seg = a.seg[it.si];
-      float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-      tile_streams<Group, 1>(a, seg, it.tile, it.tok, grp, first_loaded, acc);
-      streams_to_red<1>(acc, red);
-      // The CTA's next row tile's first group is loaded while this one's streams are joined (the
-      // registers the first tile loads before the PDL wait).
-      const int next = item + int(gridDim.x);
-      first_loaded = false;
-      if (next < n_items) {
-        const Item nx = item_at<1>(a, next);
-        const MatSeg& nseg = a.seg[nx.si];
-        const int R[2] = {tile_load_row(nseg, a.extra, nx.tile, gid), tile_load_row(nseg, a.extra, nx.tile, gid + 8)};
-        if (warp < (nseg.w.cols + 255) / 256) grp[0].load(nseg.w, R, warp, tid), first_loaded = true;
-      }
-      __syncthreads();
-      join_streams<1>(a, seg, it.tile, it.tok, red);
-      if (next < n_items) __syncthreads();  // red is the next tile's
-    }
-  } else {
+  if constexpr (NTF == 1 && Group::kSeveralTilesACta)
+    several_tiles<Group, false>(a, red);
+  else
     work_item<Group, NTF>(a, item_at<NTF>(a, int(blockIdx.x)), red);
-  }
+}
+
+// The several-tiles loop with B from a shared-memory copy of the plane's fragment 0, at four CTAs
+// an SM: the 16 registers a thread held for a group's B loads buy a fourth CTA (gate/up: the 14B
+// +2.8 % and the 7B at 8 sequences +3.6 %; the 7B at one sequence ±0).
+// REQUIRES: as matmul_mma_kernel at NTF == 1 with several tiles a CTA; gridDim.x <= the row tiles;
+// every segment has a.seg[0]'s cols, cols <= kSharedActivationsMaxCols; dynamic shared memory of
+// cols / 32 * kFragmentBytesPerBlock bytes.
+template <typename Group>
+__global__ void __launch_bounds__(kThreads, kSharedActivationsCtasPerSm)
+    matmul_mma_shared_activations_kernel(const __grid_constant__ MmaArgs a) {
+  __shared__ float red[kReduceFloats<1>];
+  several_tiles<Group, true>(a, red);
 }
 
 // One launch of segments of two k-quant types at one token fragment (q/k in q4_K with a q6_K v,
@@ -594,20 +648,22 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
   work_item<Group, 1, 2>(a, item_at<1>(a, int(blockIdx.x)), red);
 }
 
-// Launches a decode matmul kernel whose CTAs hold NTF token fragments.
+// Launches a decode matmul kernel whose CTAs hold NTF token fragments, ctas_per_sm of them an SM
+// (its launch bounds), each with dynamic_smem bytes of dynamic shared memory.
 template <int NTF>
-void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const KernelStream& s) {
+void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const KernelStream& s,
+                int ctas_per_sm = kCtasPerSm<NTF>, int dynamic_smem = 0) {
   // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
   // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
   // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
-  constexpr int kSmemPerCta = kReduceFloats<NTF> * 4 + 1024;  // + the driver's 1 KB
+  const int smem_per_cta = kReduceFloats<NTF> * 4 + dynamic_smem + 1024;  // + the driver's 1 KB
   int device = 0, sm_smem = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  const int percent = sm_smem > 0 ? std::min(100, (kCtasPerSm<NTF> * kSmemPerCta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
+  const int percent = sm_smem > 0 ? std::min(100, (ctas_per_sm * smem_per_cta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
-  launch_kernel("matmul_mma", kernel, grid, kThreads, 0, s, a);
+  launch_kernel("matmul_mma", kernel, grid, kThreads, size_t(dynamic_smem), s, a);
 }
 
 // The CTAs of a launch of one token fragment (k-quant types): at most as many as the SMs hold at
@@ -633,6 +689,18 @@ bool two_groups_in_flight(const MmaArgs& a, int row_tiles) {
   return true;
 }
 
+// Whether a one-fragment launch takes matmul_mma_shared_activations_kernel: its CTAs take several
+// row tiles each (more tiles than three CTAs an SM: gate/up, where the copy of the activations
+// serves several tiles; o, one tile a CTA, lost 3.6 % on the 7B) and every segment has the same
+// cols, at most kSharedActivationsMaxCols.
+bool shared_activations(const MmaArgs& a, int row_tiles) {
+  if (a.extra.activations_from_global || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
+  if (row_tiles <= kCtasPerSm<1> * a.extra.sm_count) return false;
+  for (int i = 0; i < a.n_segs; ++i)
+    if (a.seg[i].w.cols != a.seg[0].w.cols) return false;
+  return a.seg[0].w.cols <= kSharedActivationsMaxCols;
+}
+
 template <typename Group>
 void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   // At most 32 tokens a CTA: four fragments keep the kernel near 128 registers (two CTAs per SM).
@@ -642,6 +710,11 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   if (ntf == 1) {
     if constexpr (Group::kTwoGroupsInFlight)
       if (two_groups_in_flight(a, row_tiles)) return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
+    if constexpr (Group::kSharedActivations)
+      if (shared_activations(a, row_tiles))
+        return launch_mma<1>(matmul_mma_shared_activations_kernel<Group>, a,
+                             std::min(row_tiles, kSharedActivationsCtasPerSm * a.extra.sm_count), s,
+                             kSharedActivationsCtasPerSm, a.seg[0].w.cols / 32 * kFragmentBytesPerBlock);
     launch_mma<1>(matmul_mma_kernel<Group, 1>, a, one_fragment_ctas<Group>(row_tiles, a.extra), s);
   } else if (ntf == 2) {
     launch_mma<2>(matmul_mma_kernel<Group, 2>, a, grid, s);
@@ -691,6 +764,26 @@ OperandFormat operand_format_of(GgmlType t) {
   return t == GgmlType::Q4_K ? OperandFormat::Q4K : t == GgmlType::Q6_K ? OperandFormat::Q6K : OperandFormat::None;
 }
 
+// Whether a one-fragment launch of these segments (one k-quant type, <= 8 tokens) takes the
+// kernel that `takes` names for it: takes(std::type_identity<Group>{}, args, row tiles), Group the
+// type's (launch_group's dispatch).
+template <typename Takes>
+bool one_fragment_launch_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra, Takes takes) {
+  if (n_segs < 1 || n_segs > kMaxMatSegs || n_tokens < 1 || n_tokens > 8) return false;
+  const GgmlType t = segs[0].w.type;
+  for (int i = 0; i < n_segs; ++i)
+    if (segs[i].w.type != t) return false;
+  const MmaArgs a = mma_args(segs, n_segs, Q8Plane{}, n_tokens, extra);
+  const int row_tiles = row_tiles_of(a);
+  switch (t) {
+    case GgmlType::Q4_K: return takes(std::type_identity<GroupQK45<false>>{}, a, row_tiles);
+    case GgmlType::Q5_K: return takes(std::type_identity<GroupQK45<true>>{}, a, row_tiles);
+    case GgmlType::Q6_K: return takes(std::type_identity<GroupQ6K>{}, a, row_tiles);
+    case GgmlType::Q8_0: return takes(std::type_identity<GroupQ8>{}, a, row_tiles);
+    default: return false;
+  }
+}
+
 }  // namespace
 
 OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
@@ -705,19 +798,15 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
 }
 
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  if (n_segs < 1 || n_segs > kMaxMatSegs || n_tokens < 1 || n_tokens > 8) return false;
-  const GgmlType t = segs[0].w.type;
-  for (int i = 0; i < n_segs; ++i)
-    if (segs[i].w.type != t) return false;
-  // The type's Group has the kernel (launch_group's dispatch).
-  const bool has_kernel = t == GgmlType::Q4_K   ? GroupQK45<false>::kTwoGroupsInFlight
-                          : t == GgmlType::Q5_K ? GroupQK45<true>::kTwoGroupsInFlight
-                          : t == GgmlType::Q6_K ? GroupQ6K::kTwoGroupsInFlight
-                          : t == GgmlType::Q8_0 ? GroupQ8::kTwoGroupsInFlight
-                                                : false;
-  if (!has_kernel) return false;
-  const MmaArgs a = mma_args(segs, n_segs, Q8Plane{}, n_tokens, extra);
-  return two_groups_in_flight(a, row_tiles_of(a));
+  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+    return decltype(group)::type::kTwoGroupsInFlight && two_groups_in_flight(a, row_tiles);
+  });
+}
+
+bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+    return decltype(group)::type::kSharedActivations && shared_activations(a, row_tiles);
+  });
 }
 
 bool matmul_mma_supports(GgmlType t) {
