@@ -443,15 +443,19 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
 }
 
 // The qkv launch's rope and KV-cache epilogues against matvec + rope kernel + kv_append, for both
-// decode matmul kernels and several tokens at different positions and cache slots.
+// decode matmul kernels and several tokens at different positions and cache slots; at one token
+// fragment also with a q4_K v on one SM, where the launch's 48 row tiles take the kernel with the
+// activations in shared memory (the 14B's q/k/v launches in its q4_K-v layers on an H200).
 TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
   const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_slots = 64;
   const int qw = n_head * hd, kvw = n_kv * hd;
   // 3 tokens: one token fragment; 40: a 32-token tile and a part of the next
-  for (const auto& [mma, n] : {std::pair{false, 3}, {true, 3}, {false, 40}, {true, 40}}) {
+  for (const auto& [kernel, n] : {std::pair{"matvec", 3}, {"mma", 3}, {"mma shared activations", 3}, {"matvec", 40},
+                                  {"mma", 40}}) {
+    const bool mma = std::string(kernel) != "matvec", shared = std::string(kernel) == "mma shared activations";
     for (bool neox : {true, false}) {
-      const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
+      const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, shared ? GgmlType::Q4_K : GgmlType::Q6_K};
       const int widths[3] = {qw, kvw, kvw};
       std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
       std::vector<std::unique_ptr<DeviceBuffer<float>>> bias;
@@ -481,6 +485,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       extra.positions = pos.get();
       extra.slots = slots.get();
       extra.kv = {k1.get(), v1.get(), n_kv, hd};
+      extra.sm_count = shared ? 1 : 0;
       cuda::MatSeg segs[3];
       const cuda::Epilogue epi[3] = {cuda::Epilogue::RopeQ, cuda::Epilogue::RopeK, cuda::Epilogue::StoreV};
       float* outs[3] = {q1.get(), nullptr, nullptr};
@@ -497,6 +502,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
         else
           cuda::launch_matvec(sg, n_segs, xq.plane, nullptr, dim, n, ex, nullptr);
       };
+      ASSERT_EQ(cuda::matmul_mma_shared_activations(segs, 3, n, extra), shared);
       matmul(segs, 3, extra);
       float* plain_outs[3] = {q2.get(), kf.get(), vf.get()};
       for (int s = 0; s < 3; ++s) {
@@ -509,7 +515,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       cuda::launch_rope(kf.get(), kvw, n, n_kv, extra.rope, pos.get(), nullptr);
       cuda::launch_kv_append(kf.get(), vf.get(), n, {k2.get(), v2.get(), n_kv, hd}, slots.get(), nullptr);
       const auto a = q1.download(), b = q2.download();
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << (mma ? "mma " : "matvec ") << n << " tokens";
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << kernel << ", " << n << " tokens";
       const auto ka = k1.download(), kb = k2.download(), va = v1.download(), vb = v2.download();
       for (int slot : slot_of) {
         ASSERT_EQ(std::memcmp(ka.data() + slot * kvw, kb.data() + slot * kvw, size_t(kvw) * 2), 0) << slot;
