@@ -596,8 +596,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
 }
 
 // The several-tiles loop with B from a shared-memory copy of the plane's fragment 0, at four CTAs
-// an SM: the 16 registers a thread held for a group's B loads buy a fourth CTA (gate/up: the 14B
-// +2.8 … +4.7 %, the 7B at 8 sequences +3.1 … +3.6 %, the 7B at one sequence −0.4 … ±0).
+// an SM: the 16 registers a thread held for a group's B loads buy a fourth CTA (the 14B, gate/up
+// and q/k/v: +4.7 %, +9.3 % at 8 sequences; the 7B, gate/up: ±0, +3.1 … +3.6 % at 8).
 // REQUIRES: as matmul_mma_kernel at NTF == 1 with several tiles a CTA; gridDim.x <= the row tiles;
 // every segment has a.seg[0]'s cols, cols <= kSharedActivationsMaxCols; dynamic shared memory of
 // cols / 32 * kFragmentBytesPerBlock bytes.
