@@ -696,7 +696,8 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   const int cols = preset.n_embd;
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
   const GateUp gate_up(preset, 180);
-  DeviceBuffer<uint8_t> head(cuda::device_layout(GgmlType::Q6_K, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
+  DeviceBuffer<uint8_t> head(
+      cuda::device_layout(GgmlType::Q6_K, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
   cuda::MatSeg head_seg;
   head_seg.w = {GgmlType::Q6_K, preset.n_vocab, cols, head.get()};
   for (int n : {1, 8}) {
@@ -734,7 +735,8 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   cuda::MatVecExtra two, one;
   two.sm_count = one.sm_count = 132;
   one.one_group_in_flight = true;
-  DeviceBuffer<float> bias(random_normal(size_t(rows), 0.2f, 240)), residual(random_normal(size_t(max_tokens) * rows, 1.0f, 241));
+  DeviceBuffer<float> bias(random_normal(size_t(rows), 0.2f, 240)),
+      residual(random_normal(size_t(max_tokens) * rows, 1.0f, 241));
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
                     max_tokens, cols);
   for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {

@@ -385,8 +385,9 @@ __device__ __forceinline__ int tile_load_row(const MatSeg& seg, const MatVecExtr
 // then every kInFlight-th one after, each load issued right after grp[i]'s last products, so it
 // flies while the other sets are multiplied. kInFlight == 1: each group is loaded at its turn,
 // after an L2 prefetch one group ahead; with first_loaded, grp[0] already holds group `warp`.
-// kSharedB: B comes from the CTA's copy of fragment 0 in shared memory (matmul_mma_shared_activations_kernel), one
-// sub-block ahead and without the L2 prefetch (both would cost the 64 registers spills).
+// kSharedB: B comes from the CTA's copy of fragment 0 in shared memory
+// (matmul_mma_shared_activations_kernel), one sub-block ahead and without the L2 prefetch (both
+// would cost the 64 registers spills).
 template <typename Group, int NTF, int kInFlight = 1, bool kSharedB = false>
 __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok,
                              Group (&grp)[kInFlight], bool first_loaded, float (&acc)[NTF][4]) {
