@@ -545,14 +545,20 @@ template <typename Group, bool kSharedB>
 __device__ __forceinline__ void several_tiles(const MmaArgs& a, float* red) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
   const int n_items = a.first_block[a.n_segs];
-  bool first_loaded = false;
   Group grp[1];
-  if constexpr (kSharedB) {
-    extern __shared__ uint4 activations_copy[];
-    const Item it = item_at<1>(a, int(blockIdx.x));
+  // Row tile `item`'s first group (the warp's) into grp[0]; whether the warp has one.
+  const auto load_first_group = [&](int item) {
+    const Item it = item_at<1>(a, item);
     const MatSeg& seg = a.seg[it.si];
     const int R[2] = {tile_load_row(seg, a.extra, it.tile, gid), tile_load_row(seg, a.extra, it.tile, gid + 8)};
-    if (warp < (seg.w.cols + 255) / 256) grp[0].load(seg.w, R, warp, tid), first_loaded = true;
+    if (warp >= (seg.w.cols + 255) / 256) return false;
+    grp[0].load(seg.w, R, warp, tid);
+    return true;
+  };
+  bool first_loaded = false;
+  if constexpr (kSharedB) {
+    extern __shared__ uint4 activations_copy[];
+    first_loaded = load_first_group(int(blockIdx.x));
     await_predecessor();
     constexpr int kPieces = kFragmentBytesPerBlock / 16;
     for (int i = int(threadIdx.x); i < a.seg[0].w.cols / 32 * kPieces; i += kThreads)
@@ -568,13 +574,7 @@ __device__ __forceinline__ void several_tiles(const MmaArgs& a, float* red) {
     // The CTA's next row tile's first group is loaded while this one's streams are joined (the
     // registers the first tile loads before the PDL wait).
     const int next = item + int(gridDim.x);
-    first_loaded = false;
-    if (next < n_items) {
-      const Item nx = item_at<1>(a, next);
-      const MatSeg& nseg = a.seg[nx.si];
-      const int R[2] = {tile_load_row(nseg, a.extra, nx.tile, gid), tile_load_row(nseg, a.extra, nx.tile, gid + 8)};
-      if (warp < (nseg.w.cols + 255) / 256) grp[0].load(nseg.w, R, warp, tid), first_loaded = true;
-    }
+    first_loaded = next < n_items && load_first_group(next);
     __syncthreads();
     join_streams<1>(a, seg, it.tile, it.tok, red);
     if (next < n_items) __syncthreads();  // red is the next tile's
