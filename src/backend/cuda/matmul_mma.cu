@@ -35,11 +35,20 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/prefill_mma.cuh"
 #include "backend/cuda/quant_device.cuh"
 #include "util/error.h"
 
 namespace minfer::cuda {
 namespace {
+
+using prefill_detail::bulk_copy_to_shared;
+using prefill_detail::fence_proxy_async_shared;
+using prefill_detail::mbarrier_arrive;
+using prefill_detail::mbarrier_expect_tx;
+using prefill_detail::mbarrier_init;
+using prefill_detail::mbarrier_wait;
+using prefill_detail::shared_address;
 
 constexpr int kWarps = 8;      // = the 8 streams of the canonical order
 constexpr int kThreads = kWarps * 32;
@@ -100,8 +109,43 @@ __device__ __forceinline__ uint2 ldg_b_pair(const uint8_t* p0, const uint8_t* p1
 // Asks L2 for the line holding p (the next group's weights, while this group is multiplied).
 __device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
+// Where a group's bytes are read from: the weights in global memory (through the read-only
+// cache), or a stage of the weight ring in shared memory (matmul_mma_weight_ring_kernel), as
+// shared-space addresses. The ring's loads are volatile so that none is moved above the wait for
+// the copy that fills the stage.
+struct FromGlobal {
+  using Ptr = const uint8_t*;
+  __device__ static uint4 v4(Ptr p) { return ld16(p); }
+  __device__ static uint2 v2(Ptr p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+  __device__ static uint32_t word(Ptr p) { return ldg_word(p); }
+  __device__ static uint16_t u16(Ptr p) { return ld_u16(p); }
+};
+struct FromShared {
+  using Ptr = uint32_t;
+  __device__ static uint4 v4(Ptr p) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(p));
+    return v;
+  }
+  __device__ static uint2 v2(Ptr p) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(p));
+    return v;
+  }
+  __device__ static uint32_t word(Ptr p) {
+    uint32_t v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(p));
+    return v;
+  }
+  __device__ static uint16_t u16(Ptr p) {
+    uint16_t v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(p));
+    return v;
+  }
+};
+
 // ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----
-// load() reads the group's bytes; b_operand(q, tid) loads a token's B registers of one sub-block
+// load() reads the group's bytes (load_row<From>(r, b): row r's, from b); b_operand(q, tid) loads a token's B registers of one sub-block
 // from its 32 quants q; multiply(j, b, ...) multiplies sub-block j (plane block blk = 8g + j) with
 // every token fragment (b[nf]: column gid of fragment nf) into the per-fragment state Part;
 // close(tok, g, lane, part) completes the group's Parts after its 8 sub-blocks; finish() turns a
@@ -143,19 +187,21 @@ struct GroupQK45 {
   uint32_t m_hi[2];
   uint2 qs[2][4];  // [row][pair]: bytes 32 pair + 8 tid .. + 8 of qs
   uint2 qh[2];     // q5_K: bytes 8 tid .. + 8 of qh
+  // Row r's bytes of the group, from b.
+  template <typename From>
+  __device__ void load_row(int r, typename From::Ptr b, int tid) {
+    const uint4 raw = From::v4(b);  // y, z, w: the 12 packed scale bytes (k_scale_min)
+    const KScaleBytes k = unpack_k_scales(raw.y, raw.z, raw.w);
+    h[r] = make_uint4(raw.x, k.sc_lo, k.m_lo, k.sc_hi);
+    m_hi[r] = k.m_hi;
+#pragma unroll
+    for (int p = 0; p < 4; ++p) qs[r][p] = From::v2(b + (kQsOffset + 8 * tid) + 32 * p);
+    if (Q5) qh[r] = From::v2(b + 16 + 8 * tid);
+  }
   __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
     const int nsb = m.cols / 256;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint8_t* b = m.data + (size_t(R[r]) * nsb + g) * kBytes;
-      const uint4 raw = ld16(b);  // y, z, w: the 12 packed scale bytes (k_scale_min)
-      const KScaleBytes k = unpack_k_scales(raw.y, raw.z, raw.w);
-      h[r] = make_uint4(raw.x, k.sc_lo, k.m_lo, k.sc_hi);
-      m_hi[r] = k.m_hi;
-#pragma unroll
-      for (int p = 0; p < 4; ++p) qs[r][p] = __ldg(reinterpret_cast<const uint2*>(b + kQsOffset + 32 * p + 8 * tid));
-      if (Q5) qh[r] = __ldg(reinterpret_cast<const uint2*>(b + 16 + 8 * tid));
-    }
+    for (int r = 0; r < 2; ++r) load_row<FromGlobal>(r, m.data + (size_t(R[r]) * nsb + g) * kBytes, tid);
   }
   __device__ static uint32_t quants(uint32_t q, uint32_t high, int j) {
     uint32_t v = (q >> (4 * (j & 1))) & 0x0F0F0F0Fu;
@@ -234,22 +280,24 @@ struct GroupQ6K {
   uint32_t qh[2][2][2];     // [row][j/4][half]
   uint32_t sc[2][4];        // [row]: the 16 int8 scales
   float d[2];
+  // Row r's bytes of the group, from b.
+  template <typename From>
+  __device__ void load_row(int r, typename From::Ptr b, int tid) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        ql[r][hh][0][half] = From::word(b + 64 * hh + 16 * half + 4 * tid);
+        ql[r][hh][1][half] = From::word(b + 64 * hh + 32 + 16 * half + 4 * tid);
+        qh[r][hh][half] = From::word(b + 128 + 32 * hh + 16 * half + 4 * tid);
+      }
+#pragma unroll
+    for (int w = 0; w < 4; ++w) sc[r][w] = From::word(b + 192 + 4 * w);
+    d[r] = h2f(From::u16(b + 208));
+  }
   __device__ void load(const DevMat& m, const int (&R)[2], int g, int tid) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint8_t* b = group_base(m, R[r], g);
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          ql[r][hh][0][half] = ldg_word(b + 64 * hh + 16 * half + 4 * tid);
-          ql[r][hh][1][half] = ldg_word(b + 64 * hh + 32 + 16 * half + 4 * tid);
-          qh[r][hh][half] = ldg_word(b + 128 + 32 * hh + 16 * half + 4 * tid);
-        }
-#pragma unroll
-      for (int w = 0; w < 4; ++w) sc[r][w] = ldg_word(b + 192 + 4 * w);
-      d[r] = h2f(ld_u16(b + 208));
-    }
+    for (int r = 0; r < 2; ++r) load_row<FromGlobal>(r, group_base(m, R[r], g), tid);
   }
   __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_pair(q + 4 * tid, q + 16 + 4 * tid); }
   template <int NTF>
@@ -380,6 +428,56 @@ __device__ __forceinline__ int tile_load_row(const MatSeg& seg, const MatVecExtr
   return row;
 }
 
+// Group g's terms into the stream acc, from the weights in cur: its B loads (from the plane at
+// b_tile, the thread's token in block 0 of the CTA's first fragment; kSharedB: from the CTA's copy
+// of fragment 0), its sub-blocks' products, close() and finish().
+template <typename Group, int NTF, bool kSharedB>
+__device__ __forceinline__ void add_group_terms(const Group& cur, int g, const uint8_t* b_tile, int n_blocks,
+                                                const Tokens& tok, float (&acc)[NTF][4]) {
+  const int lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
+  extern __shared__ uint4 activations_copy[];  // kSharedB: fragment 0, 256 bytes a block
+  // Sub-block j's B registers of fragment nf, at immediate offsets from one pointer. A q8_0 row's
+  // short last group reads its last block again (unused).
+  const int last_j = Group::kPartialGroups ? n_blocks - 1 - 8 * g : 7;
+  const uint8_t* b_group = b_tile + size_t(g) * 8 * 1024;
+  auto b_operand = [&](int j, int nf) {
+    if constexpr (kSharedB)
+      return reinterpret_cast<const uint2*>(
+          activations_copy)[((8 * g + min(j, last_j)) * kFragmentBytesPerBlock + 32 * gid + 8 * tid) / 8];
+    return Group::b_operand(b_group + min(j, last_j) * 1024 + nf * 256, tid);
+  };
+  // Sub-block j + kLead's B loads are issued before sub-block j's products. At one fragment
+  // that is the whole group (one round trip a group: measured +2 % at 1 and 8 sequences); at
+  // four, Group::kBLead sub-blocks ahead (one: +3.1 % at 32 sequences and +1.1 % at 64; two
+  // for q4_K / q5_K and q6_K: +0.8 % more at both, although q6_K then spills 40 bytes; two alone
+  // for q4_K / q5_K: ±0, so the gain is q6_K's); at two fragments one ahead (the measured form);
+  // from shared memory one ahead.
+  constexpr int kLead = kSharedB ? 1 : NTF == 1 ? 8 : NTF == 2 ? std::min(1, Group::kBLead) : Group::kBLead;
+  uint2 b[8][NTF];
+#pragma unroll
+  for (int j = 0; j < kLead; ++j)
+#pragma unroll
+    for (int nf = 0; nf < NTF; ++nf) b[j][nf] = b_operand(j, nf);
+  typename Group::Part part[NTF] = {};
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    if (j + kLead < 8)
+#pragma unroll
+      for (int nf = 0; nf < NTF; ++nf) b[j + kLead][nf] = b_operand(j + kLead, nf);
+    cur.multiply(j, b[j], 8 * g + j, tok, tid, part);
+  }
+  cur.close(tok, g, lane, part);
+#pragma unroll
+  for (int nf = 0; nf < NTF; ++nf) {
+    const float2 pair = tok.scale_pair(8 * nf + 2 * tid, g);
+    const float da[2] = {pair.x, pair.y};
+    float t[4];
+    cur.finish(part[nf], da, t);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nf][e] = __fadd_rn(acc[nf][e], t[e]);
+  }
+}
+
 // Stream `warp` of the tile: acc[nf][e] = the sum of its groups' terms, in group order. The warp
 // holds the weights of kInFlight of its groups at once: grp[i] takes its groups warp + i * kWarps,
 // then every kInFlight-th one after, each load issued right after grp[i]'s last products, so it
@@ -399,7 +497,6 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
   // The thread's B token in block 0 of the CTA's first fragment; fragment nf of block b lies
   // b * 1024 + nf * 256 further (kernels.h: Q8Plane).
   const uint8_t* b_tile = tok.plane.block_quants(tok.first, 0) + 32 * gid;
-  extern __shared__ uint4 activations_copy[];  // kSharedB: fragment 0, 256 bytes a block
   const int n_groups = (m.cols + 255) / 256;
   const int n_blocks = m.cols / 32;
   // At one token fragment the first groups' weights are loaded before the PDL wait: they depend on
@@ -422,46 +519,7 @@ __device__ void tile_streams(const MmaArgs& a, const MatSeg& seg, int tile, cons
       }
       if (NTF != 1 || g != warp) cur.load(m, R, g, tid);
     }
-    // Sub-block j's B registers of fragment nf, at immediate offsets from one pointer. A q8_0 row's
-    // short last group reads its last block again (unused).
-    const int last_j = Group::kPartialGroups ? n_blocks - 1 - 8 * g : 7;
-    const uint8_t* b_group = b_tile + size_t(g) * 8 * 1024;
-    auto b_operand = [&](int j, int nf) {
-      if constexpr (kSharedB)
-        return reinterpret_cast<const uint2*>(
-            activations_copy)[((8 * g + min(j, last_j)) * kFragmentBytesPerBlock + 32 * gid + 8 * tid) / 8];
-      return Group::b_operand(b_group + min(j, last_j) * 1024 + nf * 256, tid);
-    };
-    // Sub-block j + kLead's B loads are issued before sub-block j's products. At one fragment
-    // that is the whole group (one round trip a group: measured +2 % at 1 and 8 sequences); at
-    // four, Group::kBLead sub-blocks ahead (one: +3.1 % at 32 sequences and +1.1 % at 64; two
-    // for q4_K / q5_K and q6_K: +0.8 % more at both, although q6_K then spills 40 bytes; two alone
-    // for q4_K / q5_K: ±0, so the gain is q6_K's); at two fragments one ahead (the measured form);
-    // from shared memory one ahead.
-    constexpr int kLead = kSharedB ? 1 : NTF == 1 ? 8 : NTF == 2 ? std::min(1, Group::kBLead) : Group::kBLead;
-    uint2 b[8][NTF];
-#pragma unroll
-    for (int j = 0; j < kLead; ++j)
-#pragma unroll
-      for (int nf = 0; nf < NTF; ++nf) b[j][nf] = b_operand(j, nf);
-    typename Group::Part part[NTF] = {};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      if (j + kLead < 8)
-#pragma unroll
-        for (int nf = 0; nf < NTF; ++nf) b[j + kLead][nf] = b_operand(j + kLead, nf);
-      cur.multiply(j, b[j], 8 * g + j, tok, tid, part);
-    }
-    cur.close(tok, g, lane, part);
-#pragma unroll
-    for (int nf = 0; nf < NTF; ++nf) {
-      const float2 pair = tok.scale_pair(8 * nf + 2 * tid, g);
-      const float da[2] = {pair.x, pair.y};
-      float t[4];
-      cur.finish(part[nf], da, t);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nf][e] = __fadd_rn(acc[nf][e], t[e]);
-    }
+    add_group_terms<Group, NTF, kSharedB>(cur, g, b_tile, n_blocks, tok, acc);
     if (kInFlight > 1 && g + kInFlight * kWarps < n_groups) cur.load(m, R, g + kInFlight * kWarps, tid);
   };
   for (int g = warp; g < n_groups; g += kInFlight * kWarps) {
