@@ -448,11 +448,13 @@ TEST(GpuBackend, TwoTypeDecodeMatmulKeepsTheBitsOfALaunchPerType) {
   expect_opt_out_keeps_the_trace("tiny-llama3", "MINFER_NO_TWO_TYPE_DECODE_MATMUL");
 }
 
-// qwen2.5-0.5b's down projections (19 groups a row, 56 row tiles) with two groups in flight a
-// warp give the logits of one group in flight (MINFER_NO_TWO_GROUPS_IN_FLIGHT).
+// qwen2.5-0.5b's down projections (19 groups a row, 56 row tiles) with their weights streamed
+// through the ring in shared memory give the logits of one group in flight
+// (MINFER_NO_TWO_GROUPS_IN_FLIGHT) and of two groups in registers (MINFER_NO_WEIGHT_RING).
 TEST(GpuBackend, TwoGroupsInFlightKeepTheBitsOfOne) {
   MINFER_REQUIRE_GPU();
   expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_TWO_GROUPS_IN_FLIGHT");
+  expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_WEIGHT_RING");
 }
 
 // qwen2.5-1.5b's gate+up launches (q4_K, 1,536 columns, 1,120 row tiles: more than three CTAs an

@@ -588,7 +588,9 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), pad40_row(xq, t, sh.cols), sh.cols);
         want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
       }
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(sh.t, wq));
+    std::vector<uint8_t> device_bytes = cuda::device_layout(sh.t, wq);
+    device_bytes.resize(device_bytes.size() + 16);  // the arena's slack (weights.cpp)
+    DeviceBuffer<uint8_t> dw(device_bytes);
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
     // The q4_K and q6_K (rows in fours) launches of 33..64 tokens also through the warpgroup-MMA
@@ -603,18 +605,20 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     // two groups in flight a warp (rows of more than 16 groups, on 132 SMs), and with the
     // activations in shared memory (q4_K rows of <= 6,144 columns, more row tiles than 3 CTAs an
     // SM take at once on one SM).
-    cuda::MatVecExtra three_ctas, on_132_sms, on_one_sm;
+    cuda::MatVecExtra three_ctas, on_132_sms, in_registers_on_132_sms, on_one_sm;
     three_ctas.decode_ctas = 3;
-    on_132_sms.sm_count = 132;
+    on_132_sms.sm_count = in_registers_on_132_sms.sm_count = 132;
+    in_registers_on_132_sms.weights_in_registers = true;
     on_one_sm.sm_count = 1;
-    for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "mma two groups", "mma shared activations", "wgmma"})
+    for (const char* kernel :
+         {"matvec", "mma", "mma 3 CTAs", "mma two groups", "mma weight ring", "mma shared activations", "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
         const bool wgmma_kernel = std::string(kernel) == "wgmma", few_ctas = std::string(kernel) == "mma 3 CTAs";
-        const bool two_groups = std::string(kernel) == "mma two groups";
+        const bool two_groups = std::string(kernel) == "mma two groups", ring = std::string(kernel) == "mma weight ring";
         const bool shared = std::string(kernel) == "mma shared activations";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         if (few_ctas && n > 8) continue;
-        if (two_groups && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
+        if ((two_groups || ring) && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
         if (shared && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols > 6144)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
@@ -629,7 +633,10 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         } else if (few_ctas) {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, three_ctas, nullptr);
         } else if (two_groups) {
-          ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, n, on_132_sms));
+          ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, n, in_registers_on_132_sms));
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, in_registers_on_132_sms, nullptr);
+        } else if (ring) {
+          ASSERT_TRUE(cuda::matmul_mma_weight_ring(&seg, 1, n, on_132_sms));
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_132_sms, nullptr);
         } else if (shared) {
           ASSERT_TRUE(cuda::matmul_mma_shared_activations(&seg, 1, n, on_one_sm));
@@ -726,28 +733,44 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
 }
 
 // The 7B's down projection (3,584 rows of 18,944 columns, q4_K and q6_K: 74 groups a row, 224 row
-// tiles) with bias and residual at 1, 5 and 8 tokens: with two groups in flight a warp (the
-// backend's launch on an H200's 132 SMs) the bits of one group in flight.
+// tiles) with bias and residual at 1, 5 and 8 tokens, and 201 rows of it (a partial last tile;
+// q6_K rows start 8 bytes past a 16-byte boundary every other row, and the last one does not): with
+// the weights streamed through the ring in shared memory (the backend's launch on an H200's 132
+// SMs) and with two groups in flight in registers, the bits of one group in flight. The weights
+// have the arena's 16 bytes of slack after them (weights.cpp).
 TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
-  const int rows = preset.n_embd, cols = preset.n_ff, max_tokens = 8;
-  cuda::MatVecExtra two, one;
-  two.sm_count = one.sm_count = 132;
+  const int cols = preset.n_ff, max_tokens = 8;
+  cuda::MatVecExtra ring, registers, one;
+  ring.sm_count = registers.sm_count = one.sm_count = 132;
+  registers.weights_in_registers = true;
   one.one_group_in_flight = true;
-  DeviceBuffer<float> bias(random_normal(size_t(rows), 0.2f, 240)),
-      residual(random_normal(size_t(max_tokens) * rows, 1.0f, 241));
-  DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
-                    max_tokens, cols);
-  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
-    DeviceBuffer<uint8_t> w(cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 243)));
-    cuda::MatSeg seg;
-    seg.w = {type, rows, cols, w.get()};
-    seg.bias = bias.get();
-    seg.residual = residual.get();
-    ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, two));
-    ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, one));
-    for (int n : {1, 5, 8}) expect_same_decode_matmul_bits({seg}, plane.plane, n, two, one, type_traits(type).name);
+  for (int rows : {preset.n_embd, 201}) {
+    DeviceBuffer<float> bias(random_normal(size_t(rows), 0.2f, 240)),
+        residual(random_normal(size_t(max_tokens) * rows, 1.0f, 241));
+    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
+                      max_tokens, cols);
+    for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+      std::vector<uint8_t> bytes = cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 243));
+      bytes.resize(bytes.size() + 16);
+      DeviceBuffer<uint8_t> w(bytes);
+      cuda::MatSeg seg;
+      seg.w = {type, rows, cols, w.get()};
+      seg.bias = bias.get();
+      seg.residual = residual.get();
+      ASSERT_TRUE(cuda::matmul_mma_weight_ring(&seg, 1, 1, ring));
+      ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, ring));
+      ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, registers));
+      ASSERT_FALSE(cuda::matmul_mma_weight_ring(&seg, 1, 1, registers));
+      ASSERT_FALSE(cuda::matmul_mma_weight_ring(&seg, 1, 1, one));
+      ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, one));
+      const std::string what = std::string(type_traits(type).name) + ", " + std::to_string(rows) + " rows";
+      for (int n : {1, 5, 8}) {
+        expect_same_decode_matmul_bits({seg}, plane.plane, n, ring, one, what + ", ring");
+        expect_same_decode_matmul_bits({seg}, plane.plane, n, registers, one, what + ", registers");
+      }
+    }
   }
 }
 

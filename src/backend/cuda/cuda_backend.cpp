@@ -114,6 +114,9 @@ struct CudaBackend::Impl {
   // MINFER_NO_TWO_GROUPS_IN_FLIGHT: that matmul keeps one group's weights in flight a warp
   // (MatVecExtra::one_group_in_flight) instead of two where its warps stream many (down).
   const bool two_groups_in_flight = !env_flag("MINFER_NO_TWO_GROUPS_IN_FLIGHT");
+  // MINFER_NO_WEIGHT_RING: where that matmul keeps two groups in flight, it holds them in registers
+  // (MatVecExtra::weights_in_registers) instead of streaming the tile through shared memory.
+  const bool weight_ring = !env_flag("MINFER_NO_WEIGHT_RING");
   // MINFER_NO_SHARED_ACTIVATIONS: that matmul reads its activations from global memory
   // (MatVecExtra::activations_from_global) where it would copy them into shared memory (gate/up).
   const bool shared_activations = !env_flag("MINFER_NO_SHARED_ACTIVATIONS");
@@ -804,6 +807,7 @@ struct CudaBackend::Impl {
     extra.decode_ctas = persistent_decode_matmul ? 0 : -1;
     extra.launch_per_type = !two_type_decode_matmul;
     extra.one_group_in_flight = !two_groups_in_flight;
+    extra.weights_in_registers = !weight_ring;
     extra.activations_from_global = !shared_activations;
     int64_t weights_in_launch = 0;
     bool q6k = false;

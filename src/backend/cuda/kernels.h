@@ -232,6 +232,10 @@ struct MatVecExtra {
   // where each warp streams more than two groups and the row tiles fit one wave at two CTAs an SM
   // (down), unless this is set: one group. The same bits.
   bool one_group_in_flight = false;
+  // Where that matmul would keep two groups in flight, it streams the tile's weights through a ring
+  // of stages in shared memory (bulk copies, matmul_mma_weight_ring_kernel) unless this is set:
+  // two groups in registers. The same bits.
+  bool weights_in_registers = false;
   // The tensor-core decode matmul at one token fragment copies the activations into each CTA's
   // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,
   // rows of <= 6,144 columns), unless this is set: B from global memory. The same bits.
@@ -260,8 +264,11 @@ void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const 
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                        const KernelStream& s);
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with two groups'
-// weights in flight a warp (MatVecExtra::one_group_in_flight).
+// weights in flight a warp in registers (MatVecExtra::one_group_in_flight, weights_in_registers).
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with their weights
+// through a ring in shared memory (MatVecExtra::weights_in_registers).
+bool matmul_mma_weight_ring(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with the
 // activations in shared memory (MatVecExtra::activations_from_global).
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);

@@ -49,6 +49,7 @@ using prefill_detail::mbarrier_expect_tx;
 using prefill_detail::mbarrier_init;
 using prefill_detail::mbarrier_wait;
 using prefill_detail::shared_address;
+using prefill_detail::shared_fetch_add_acq_rel;
 
 constexpr int kWarps = 8;      // = the 8 streams of the canonical order
 constexpr int kThreads = kWarps * 32;
@@ -707,6 +708,102 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
   work_item<Group, 1, 2>(a, item_at<1>(a, int(blockIdx.x)), red);
 }
 
+// The weight ring of matmul_mma_weight_ring_kernel: round r of a row tile (groups 8r .. 8r + 7 of
+// its 16 rows, one group a warp) lies in stage r % kStages, a tile row kPitch bytes apart, copied
+// there by the tensor memory accelerator (one bulk copy a tile row, from the 16-byte boundary at
+// or below the round: q6_K rows of 74 groups start 8 bytes past it every other row). A stage's
+// last reader refills it with round r + kStages, so up to kStages rounds stream in while the warps
+// multiply, with no weight bytes held in registers ahead of their products.
+template <typename Group>
+struct WeightRing {
+  static constexpr int kStages = 3;
+  static constexpr int kRoundBytes = kWarps * Group::kGroupBytes;
+  static_assert(kRoundBytes % 16 == 0, "rounds start at a row's offset modulo 16");
+  // Rows gid 0..7 on distinct banks: q4_K / q5_K read 8-byte words (a half-warp is four rows of
+  // 32 bytes: a pitch of 8 banks modulo 32), q6_K 4-byte words (eight rows of 16 bytes: 4).
+  static constexpr int kPitch = (kRoundBytes + 16 + 127) / 128 * 128 + (std::is_same_v<Group, GroupQ6K> ? 16 : 32);
+  static constexpr int kStageBytes = kTileRows * kPitch;
+  static constexpr int kBytes = kStages * kStageBytes;
+};
+
+// One row tile a CTA at one token fragment, its weights streamed through WeightRing: for launches
+// whose warps stream many groups a tile (down: 74 at K = 18944), where matmul_mma_two_groups_kernel
+// holds two groups in registers. Each warp still sums stream `warp` in group order, so the bits
+// are those of every other kernel.
+// REQUIRES: as matmul_mma_two_groups_kernel; dynamic shared memory of WeightRing<Group>::kBytes;
+// every row holds whole groups; the weights readable up to 15 bytes past their last row (the
+// arena's slack, weights.cpp).
+template <typename Group>
+__global__ void __launch_bounds__(kThreads, 2) matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
+  using Ring = WeightRing<Group>;
+  __shared__ float red[kReduceFloats<1>];
+  __shared__ __align__(8) uint64_t full[Ring::kStages];
+  __shared__ int released[Ring::kStages];
+  extern __shared__ __align__(128) uint8_t ring_stages[];
+  const Item it = item_at<1>(a, int(blockIdx.x));
+  const MatSeg& seg = a.seg[it.si];
+  const DevMat& m = seg.w;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
+  const int n_groups = m.cols / 256, n_rounds = (n_groups + kWarps - 1) / kWarps;
+  const uint32_t stages = shared_address(ring_stages);
+  // Round r into its stage by lanes 0..15 of the calling warp, a tile row each.
+  const int copy_row = tile_load_row(seg, a.extra, it.tile, lane % kTileRows);
+  const auto issue = [&](int r) {
+    const int st = r % Ring::kStages;
+    const uint32_t bar = shared_address(&full[st]);
+    if (lane < kTileRows) {
+      const uint8_t* src = Group::group_base(m, copy_row, kWarps * r);
+      const int skew = int(reinterpret_cast<uintptr_t>(src) & 15);
+      const int bytes = (skew + min(kWarps, n_groups - kWarps * r) * Group::kGroupBytes + 15) / 16 * 16;
+      mbarrier_expect_tx(bar, uint32_t(bytes));
+      mbarrier_arrive(bar);
+      bulk_copy_to_shared(stages + st * Ring::kStageBytes + lane * Ring::kPitch, src - skew, uint32_t(bytes), bar);
+    }
+  };
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < Ring::kStages; ++st) mbarrier_init(shared_address(&full[st]), kTileRows), released[st] = 0;
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  // The first rounds depend on no earlier kernel: they stream in during its tail.
+  if (warp == 0)
+    for (int r = 0; r < Ring::kStages && r < n_rounds; ++r) issue(r);
+  await_predecessor();
+  // The thread's rows in a stage: tile rows gid and gid + 8, each at its row's skew.
+  const int R[2] = {tile_load_row(seg, a.extra, it.tile, gid), tile_load_row(seg, a.extra, it.tile, gid + 8)};
+  uint32_t row_at[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    row_at[r] = stages + (gid + 8 * r) * Ring::kPitch + uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[r], 0)) & 15) +
+                warp * Group::kGroupBytes;
+  const uint8_t* b_tile = it.tok.plane.block_quants(it.tok.first, 0) + 32 * gid;
+  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+  for (int r = 0, g = warp; g < n_groups; ++r, g += kWarps) {
+    const int st = r % Ring::kStages;
+    mbarrier_wait(shared_address(&full[st]), uint32_t(r / Ring::kStages) & 1);
+    Group cur;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) cur.template load_row<FromShared>(k, row_at[k] + st * Ring::kStageBytes, tid);
+    __syncwarp();
+    // The stage's last reader refills it; its reset of the count reaches the next round's readers
+    // through its lanes' mbarrier arrivals (releases) and their wait. Only the last round can have
+    // fewer than kWarps readers, and it is refilled by none.
+    int last = 0;
+    if (lane == 0) last = shared_fetch_add_acq_rel(&released[st], 1) == kWarps - 1;
+    if (__shfl_sync(0xffffffffu, last, 0)) {
+      if (lane == 0) released[st] = 0;
+      if (r + Ring::kStages < n_rounds) {
+        fence_proxy_async_shared();
+        issue(r + Ring::kStages);
+      }
+    }
+    add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, acc);
+  }
+  streams_to_red<1>(acc, red);
+  __syncthreads();
+  join_streams<1>(a, seg, it.tile, it.tok, red);
+}
+
 // Launches a decode matmul kernel whose CTAs hold NTF token fragments, ctas_per_sm of them an SM
 // (its launch bounds), each with dynamic_smem bytes of dynamic shared memory.
 template <int NTF>
@@ -722,6 +819,7 @@ void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const Kerne
   const int percent = sm_smem > 0 ? std::min(100, (ctas_per_sm * smem_per_cta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
+  if (dynamic_smem > 48 * 1024) prefill_detail::reserve_dynamic_shared_memory(kernel, dynamic_smem, "matmul_mma");
   launch_kernel("matmul_mma", kernel, grid, kThreads, size_t(dynamic_smem), s, a);
 }
 
@@ -768,7 +866,10 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
   if (ntf == 1) {
     if constexpr (Group::kTwoGroupsInFlight)
-      if (two_groups_in_flight(a, row_tiles)) return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
+      if (two_groups_in_flight(a, row_tiles)) {
+        if (a.extra.weights_in_registers) return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
+        return launch_mma<1>(matmul_mma_weight_ring_kernel<Group>, a, row_tiles, s, 2, WeightRing<Group>::kBytes);
+      }
     if constexpr (Group::kSharedActivations)
       if (shared_activations(a, row_tiles))
         return launch_mma<1>(matmul_mma_shared_activations_kernel<Group>, a,
@@ -857,9 +958,17 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
 }
 
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-    return decltype(group)::type::kTwoGroupsInFlight && two_groups_in_flight(a, row_tiles);
-  });
+  return extra.weights_in_registers &&
+         one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+           return decltype(group)::type::kTwoGroupsInFlight && two_groups_in_flight(a, row_tiles);
+         });
+}
+
+bool matmul_mma_weight_ring(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  return !extra.weights_in_registers &&
+         one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+           return decltype(group)::type::kTwoGroupsInFlight && two_groups_in_flight(a, row_tiles);
+         });
 }
 
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {

@@ -73,17 +73,6 @@ struct WgmmaArgs {
 };
 
 // ---- device helpers --------------------------------------------------------------------------
-// counter += v with acquire-release ordering at CTA scope; returns the value before. A warp's reads
-// of a stage are ordered before its increment, and the warp whose increment completes the count
-// sees them all before it refills the stage (relaxed atomics order nothing).
-__device__ __forceinline__ int shared_fetch_add_acq_rel(int* counter, int v) {
-  int before;
-  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], %2;\n"
-               : "=r"(before)
-               : "r"(shared_address(counter)), "r"(v)
-               : "memory");
-  return before;
-}
 // d (64 x 64 f32, the mma.m16n8 layout per warp) = [d +] A (registers) x B (K-major descriptor).
 __device__ __forceinline__ void wgmma_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b, int accumulate) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)

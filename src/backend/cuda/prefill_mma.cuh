@@ -274,6 +274,17 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// counter += v with acquire-release ordering at CTA scope; returns the value before. A warp's reads
+// of a stage are ordered before its increment, and the warp whose increment completes the count
+// sees them all before it refills the stage (relaxed atomics order nothing).
+__device__ __forceinline__ int shared_fetch_add_acq_rel(int* counter, int v) {
+  int before;
+  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], %2;\n"
+               : "=r"(before)
+               : "r"(shared_address(counter)), "r"(v)
+               : "memory");
+  return before;
+}
 // Barrier `id` (1..15; 0 is __syncthreads) over the 128 threads of one warpgroup: a warpgroup
 // publishes its own shared-memory stores without waiting for the rest of the CTA.
 __device__ __forceinline__ void warpgroup_barrier(int id) {
