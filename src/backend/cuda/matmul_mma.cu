@@ -6,9 +6,10 @@
 // run, a thread's 8 bytes one aligned load, and every fragment and sub-block of a group an
 // immediate offset from one pointer). Warp w sums stream w of the canonical order
 // (quant/canonical_dot.h): the 256-column groups g = w, w + 8, ... in order, the next group's
-// weight lines prefetched to L2 while this one is multiplied (or, where a warp streams many
-// groups at one token fragment, the next group's weights already in a second register set:
-// matmul_mma_two_groups_kernel). A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
+// weight lines prefetched to L2 while this one is multiplied (or, where a tile's rows have many
+// groups at one token fragment, the tile's weights streamed into shared memory by the tensor memory
+// accelerator: matmul_mma_weight_ring_kernel, or the next group's weights already in a second
+// register set: matmul_mma_two_groups_kernel). A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
 // kernel's registers are what its type needs — except q4_K with q6_K at one token fragment, where
 // both kernels have the same registers (matmul_mma_q4k_q6k_kernel).
 // For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
@@ -709,48 +710,62 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
 }
 
 // The weight ring of matmul_mma_weight_ring_kernel: round r of a row tile (groups 8r .. 8r + 7 of
-// its 16 rows, one group a warp) lies in stage r % kStages, a tile row kPitch bytes apart, copied
-// there by the tensor memory accelerator (one bulk copy a tile row, from the 16-byte boundary at
-// or below the round: q6_K rows of 74 groups start 8 bytes past it every other row). A stage's
-// last reader refills it with round r + kStages, so up to kStages rounds stream in while the warps
-// multiply, with no weight bytes held in registers ahead of their products.
+// its 16 rows) lies in stage r % kStages, a tile row kPitch bytes apart, copied there by the tensor
+// memory accelerator (one bulk copy a tile row, from the 16-byte boundary at or below the round:
+// q6_K rows of 74 groups start 8 bytes past it every other row). A stage's last reader refills it
+// with round r + kStages, so up to kStages rounds stream in while the warps multiply, with no
+// weight bytes held in registers ahead of their products. Behind the stages, the terms of the
+// tile's groups (a warp's 32 lanes x 4 floats a group) until the streams are folded.
 template <typename Group>
 struct WeightRing {
-  static constexpr int kStages = 3;
+  static constexpr int kWarpsACta = 12;  // more warps than streams: the groups' chains overlap
+  static constexpr int kThreadsACta = kWarpsACta * 32;
+  static constexpr int kStages = std::is_same_v<Group, GroupQ6K> ? 2 : 3;
   static constexpr int kRoundBytes = kWarps * Group::kGroupBytes;
   static_assert(kRoundBytes % 16 == 0, "rounds start at a row's offset modulo 16");
   // Rows gid 0..7 on distinct banks: q4_K / q5_K read 8-byte words (a half-warp is four rows of
   // 32 bytes: a pitch of 8 banks modulo 32), q6_K 4-byte words (eight rows of 16 bytes: 4).
   static constexpr int kPitch = (kRoundBytes + 16 + 127) / 128 * 128 + (std::is_same_v<Group, GroupQ6K> ? 16 : 32);
   static constexpr int kStageBytes = kTileRows * kPitch;
-  static constexpr int kBytes = kStages * kStageBytes;
+  static constexpr int kTermBytes = 32 * 4 * 4;
+  static constexpr int rounds(int groups) { return (groups + kWarps - 1) / kWarps; }
+  // Dynamic shared memory for rows of `groups` groups: the stages, the terms, and a barrier and a
+  // read count a round (a round's own barrier, so that a warp that skips rounds never reads a
+  // phase of its stage's barrier that belongs to another round).
+  static constexpr int bytes(int groups) {
+    return kStages * kStageBytes + groups * kTermBytes + rounds(groups) * (8 + 4);
+  }
 };
 
-// One row tile a CTA at one token fragment, its weights streamed through WeightRing: for launches
-// whose warps stream many groups a tile (down: 74 at K = 18944), where matmul_mma_two_groups_kernel
-// holds two groups in registers. Each warp still sums stream `warp` in group order, so the bits
-// are those of every other kernel.
-// REQUIRES: as matmul_mma_two_groups_kernel; dynamic shared memory of WeightRing<Group>::kBytes;
-// every row holds whole groups; the weights readable up to 15 bytes past their last row (the
-// arena's slack, weights.cpp).
+// One row tile a CTA at one token fragment, its weights streamed through WeightRing and its groups
+// dealt over WeightRing::kWarpsACta warps (group g to warp g % kWarpsACta), for launches whose rows
+// have many groups (down: 74 at K = 18944) and whose tiles fit one wave at two CTAs an SM. Each
+// group's term goes to shared memory (0 + t is t for every term a stream can add: a -0 becomes +0,
+// which adds the same to a sum that is never -0); warps 0..7 then add stream w's terms in group
+// order, so the bits are those of every other kernel.
+// REQUIRES: as matmul_mma_two_groups_kernel, with blockDim.x == WeightRing<Group>::kThreadsACta;
+// dynamic shared memory of WeightRing<Group>::bytes(groups); every row holds whole groups; the
+// weights readable up to 15 bytes past their last row (the arena's slack, weights.cpp).
 template <typename Group>
-__global__ void __launch_bounds__(kThreads, 2) matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
+__global__ void __launch_bounds__(WeightRing<Group>::kThreadsACta, 2)
+    matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
   using Ring = WeightRing<Group>;
   __shared__ float red[kReduceFloats<1>];
-  __shared__ __align__(8) uint64_t full[Ring::kStages];
-  __shared__ int released[Ring::kStages];
   extern __shared__ __align__(128) uint8_t ring_stages[];
   const Item it = item_at<1>(a, int(blockIdx.x));
   const MatSeg& seg = a.seg[it.si];
   const DevMat& m = seg.w;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-  const int n_groups = m.cols / 256, n_rounds = (n_groups + kWarps - 1) / kWarps;
+  const int n_groups = m.cols / 256, n_rounds = Ring::rounds(n_groups);
   const uint32_t stages = shared_address(ring_stages);
+  float4* terms = reinterpret_cast<float4*>(ring_stages + Ring::kStages * Ring::kStageBytes);
+  uint64_t* full = reinterpret_cast<uint64_t*>(terms + n_groups * 32);  // [round]
+  int* released = reinterpret_cast<int*>(full + n_rounds);              // [round]
   // Round r into its stage by lanes 0..15 of the calling warp, a tile row each.
   const int copy_row = tile_load_row(seg, a.extra, it.tile, lane % kTileRows);
   const auto issue = [&](int r) {
     const int st = r % Ring::kStages;
-    const uint32_t bar = shared_address(&full[st]);
+    const uint32_t bar = shared_address(&full[r]);
     if (lane < kTileRows) {
       const uint8_t* src = Group::group_base(m, copy_row, kWarps * r);
       const int skew = int(reinterpret_cast<uintptr_t>(src) & 15);
@@ -761,7 +776,7 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_weight_ring_kernel(con
     }
   };
   if (threadIdx.x == 0) {
-    for (int st = 0; st < Ring::kStages; ++st) mbarrier_init(shared_address(&full[st]), kTileRows), released[st] = 0;
+    for (int r = 0; r < n_rounds; ++r) mbarrier_init(shared_address(&full[r]), kTileRows), released[r] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
@@ -773,33 +788,43 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_weight_ring_kernel(con
   const int R[2] = {tile_load_row(seg, a.extra, it.tile, gid), tile_load_row(seg, a.extra, it.tile, gid + 8)};
   uint32_t row_at[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-    row_at[r] = stages + (gid + 8 * r) * Ring::kPitch + uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[r], 0)) & 15) +
-                warp * Group::kGroupBytes;
+  for (int k = 0; k < 2; ++k)
+    row_at[k] = stages + (gid + 8 * k) * Ring::kPitch +
+                uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[k], 0)) & 15);
   const uint8_t* b_tile = it.tok.plane.block_quants(it.tok.first, 0) + 32 * gid;
-  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-  for (int r = 0, g = warp; g < n_groups; ++r, g += kWarps) {
-    const int st = r % Ring::kStages;
-    mbarrier_wait(shared_address(&full[st]), uint32_t(r / Ring::kStages) & 1);
+  // Every group of a round is read by one warp, each warp taking its groups in order, so the
+  // round holding the lowest unread group is always in its stage: no warp waits on a round that
+  // a waiting warp holds back. A warp may skip rounds (12 warps, 8 groups a round).
+  for (int g = warp; g < n_groups; g += Ring::kWarpsACta) {
+    const int r = g / kWarps, st = r % Ring::kStages;
+    mbarrier_wait(shared_address(&full[r]), 0);
     Group cur;
+    const uint32_t at = st * Ring::kStageBytes + (g % kWarps) * Group::kGroupBytes;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) cur.template load_row<FromShared>(k, row_at[k] + st * Ring::kStageBytes, tid);
+    for (int k = 0; k < 2; ++k) cur.template load_row<FromShared>(k, row_at[k] + at, tid);
     __syncwarp();
-    // The stage's last reader refills it; its reset of the count reaches the next round's readers
-    // through its lanes' mbarrier arrivals (releases) and their wait. Only the last round can have
-    // fewer than kWarps readers, and it is refilled by none.
+    // The round's last reader refills its stage with round r + kStages (only the last round can
+    // have fewer than kWarps groups, and it is followed by none).
     int last = 0;
-    if (lane == 0) last = shared_fetch_add_acq_rel(&released[st], 1) == kWarps - 1;
-    if (__shfl_sync(0xffffffffu, last, 0)) {
-      if (lane == 0) released[st] = 0;
-      if (r + Ring::kStages < n_rounds) {
-        fence_proxy_async_shared();
-        issue(r + Ring::kStages);
-      }
+    if (lane == 0) last = shared_fetch_add_acq_rel(&released[r], 1) == kWarps - 1;
+    if (__shfl_sync(0xffffffffu, last, 0) && r + Ring::kStages < n_rounds) {
+      fence_proxy_async_shared();
+      issue(r + Ring::kStages);
     }
-    add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, acc);
+    float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, term);
+    terms[g * 32 + lane] = make_float4(term[0][0], term[0][1], term[0][2], term[0][3]);
   }
-  streams_to_red<1>(acc, red);
+  __syncthreads();
+  if (warp < kWarps) {
+    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+    for (int g = warp; g < n_groups; g += kWarps) {
+      const float4 t = terms[g * 32 + lane];
+      acc[0][0] = __fadd_rn(acc[0][0], t.x), acc[0][1] = __fadd_rn(acc[0][1], t.y);
+      acc[0][2] = __fadd_rn(acc[0][2], t.z), acc[0][3] = __fadd_rn(acc[0][3], t.w);
+    }
+    streams_to_red<1>(acc, red);
+  }
   __syncthreads();
   join_streams<1>(a, seg, it.tile, it.tok, red);
 }
@@ -808,7 +833,7 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_weight_ring_kernel(con
 // (its launch bounds), each with dynamic_smem bytes of dynamic shared memory.
 template <int NTF>
 void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const KernelStream& s,
-                int ctas_per_sm = kCtasPerSm<NTF>, int dynamic_smem = 0) {
+                int ctas_per_sm = kCtasPerSm<NTF>, int dynamic_smem = 0, int threads = kThreads) {
   // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
   // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
   // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
@@ -820,7 +845,7 @@ void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const Kerne
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
   if (dynamic_smem > 48 * 1024) prefill_detail::reserve_dynamic_shared_memory(kernel, dynamic_smem, "matmul_mma");
-  launch_kernel("matmul_mma", kernel, grid, kThreads, size_t(dynamic_smem), s, a);
+  launch_kernel("matmul_mma", kernel, grid, threads, size_t(dynamic_smem), s, a);
 }
 
 // The CTAs of a launch of one token fragment (k-quant types): at most as many as the SMs hold at
@@ -834,10 +859,11 @@ int one_fragment_ctas(int row_tiles, const MatVecExtra& extra) {
   return extra.sm_count > 0 ? std::min(row_tiles, kCtasPerSm<1> * extra.sm_count) : row_tiles;
 }
 
-// Whether a one-fragment launch takes matmul_mma_two_groups_kernel: every warp streams more than
-// two groups of each segment (7B down: +4.1 % at one sequence against one group in flight; o, two
-// groups a warp: ±0; gate/up, which fills three CTAs an SM, lost 8.6 % at two) and one tile a CTA
-// at two CTAs an SM is one wave.
+// Whether a one-fragment launch keeps two groups in flight (matmul_mma_weight_ring_kernel, or
+// matmul_mma_two_groups_kernel: weight_ring): every warp streams more than two groups of each
+// segment (7B down: +4.1 % at one sequence against one group in flight; o, two groups a warp: ±0;
+// gate/up, which fills three CTAs an SM, lost 8.6 % at two) and one tile a CTA at two CTAs an SM
+// is one wave.
 bool two_groups_in_flight(const MmaArgs& a, int row_tiles) {
   if (a.extra.one_group_in_flight || a.extra.sm_count <= 0) return false;
   if (row_tiles > 2 * a.extra.sm_count) return false;
@@ -858,6 +884,26 @@ bool shared_activations(const MmaArgs& a, int row_tiles) {
   return a.seg[0].w.cols <= kSharedActivationsMaxCols;
 }
 
+// The groups of the launch's longest rows.
+int most_groups(const MmaArgs& a) {
+  int groups = 0;
+  for (int i = 0; i < a.n_segs; ++i) groups = std::max(groups, a.seg[i].w.cols / 256);
+  return groups;
+}
+// Whether a one-fragment launch that keeps two groups in flight (two_groups_in_flight) streams
+// them through the weight ring instead of registers: unless MatVecExtra::weights_in_registers, where
+// two CTAs an SM with their rings and terms fit the SM's shared memory (the 7B's down: 207 KB of
+// 228 at q4_K, 197 at q6_K).
+template <typename Group>
+bool weight_ring(const MmaArgs& a) {
+  if (a.extra.weights_in_registers) return false;
+  int device = 0, sm_smem = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  const int per_cta = WeightRing<Group>::bytes(most_groups(a)) + kReduceFloats<1> * 4 + 1024;  // + the driver's 1 KB
+  return 2 * per_cta <= sm_smem;
+}
+
 template <typename Group>
 void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   // At most 32 tokens a CTA: four fragments keep the kernel near 128 registers (two CTAs per SM).
@@ -867,8 +913,9 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   if (ntf == 1) {
     if constexpr (Group::kTwoGroupsInFlight)
       if (two_groups_in_flight(a, row_tiles)) {
-        if (a.extra.weights_in_registers) return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
-        return launch_mma<1>(matmul_mma_weight_ring_kernel<Group>, a, row_tiles, s, 2, WeightRing<Group>::kBytes);
+        if (!weight_ring<Group>(a)) return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
+        return launch_mma<1>(matmul_mma_weight_ring_kernel<Group>, a, row_tiles, s, 2,
+                             WeightRing<Group>::bytes(most_groups(a)), WeightRing<Group>::kThreadsACta);
       }
     if constexpr (Group::kSharedActivations)
       if (shared_activations(a, row_tiles))
@@ -958,17 +1005,19 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
 }
 
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return extra.weights_in_registers &&
-         one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-           return decltype(group)::type::kTwoGroupsInFlight && two_groups_in_flight(a, row_tiles);
-         });
+  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+    using Group = typename decltype(group)::type;
+    if constexpr (Group::kTwoGroupsInFlight) return two_groups_in_flight(a, row_tiles) && !weight_ring<Group>(a);
+    return false;
+  });
 }
 
 bool matmul_mma_weight_ring(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return !extra.weights_in_registers &&
-         one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-           return decltype(group)::type::kTwoGroupsInFlight && two_groups_in_flight(a, row_tiles);
-         });
+  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+    using Group = typename decltype(group)::type;
+    if constexpr (Group::kTwoGroupsInFlight) return two_groups_in_flight(a, row_tiles) && weight_ring<Group>(a);
+    return false;
+  });
 }
 
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
