@@ -113,8 +113,7 @@ __device__ __forceinline__ void prefetch_l2(const uint8_t* p) { asm volatile("pr
 
 // Where a group's bytes are read from: the weights in global memory (through the read-only
 // cache), or a stage of the weight ring in shared memory (matmul_mma_weight_ring_kernel), as
-// shared-space addresses. The ring's loads are volatile so that none is moved above the wait for
-// the copy that fills the stage.
+// shared-space addresses.
 struct FromGlobal {
   using Ptr = const uint8_t*;
   __device__ static uint4 v4(Ptr p) { return ld16(p); }
@@ -124,26 +123,10 @@ struct FromGlobal {
 };
 struct FromShared {
   using Ptr = uint32_t;
-  __device__ static uint4 v4(Ptr p) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(p));
-    return v;
-  }
-  __device__ static uint2 v2(Ptr p) {
-    uint2 v;
-    asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];" : "=r"(v.x), "=r"(v.y) : "r"(p));
-    return v;
-  }
-  __device__ static uint32_t word(Ptr p) {
-    uint32_t v;
-    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(p));
-    return v;
-  }
-  __device__ static uint16_t u16(Ptr p) {
-    uint16_t v;
-    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(p));
-    return v;
-  }
+  __device__ static uint4 v4(Ptr p) { return prefill_detail::lds128(p); }
+  __device__ static uint2 v2(Ptr p) { return prefill_detail::lds64(p); }
+  __device__ static uint32_t word(Ptr p) { return prefill_detail::lds32(p); }
+  __device__ static uint16_t u16(Ptr p) { return prefill_detail::lds16(p); }
 };
 
 // ---- weight groups: one thread's 2 rows (R[0] = tile row gid, R[1] = gid + 8) of one group ----

@@ -274,6 +274,28 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
       "r"(parity)
       : "memory");
 }
+// Shared-memory loads at a shared-space address; volatile, so that none is moved above the wait
+// for the copy that fills it.
+__device__ __forceinline__ uint4 lds128(uint32_t a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint2 lds64(uint32_t a) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t a) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+  return v;
+}
+__device__ __forceinline__ uint16_t lds16(uint32_t a) {
+  uint16_t v;
+  asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a));
+  return v;
+}
 // counter += v with acquire-release ordering at CTA scope; returns the value before. A warp's reads
 // of a stage are ordered before its increment, and the warp whose increment completes the count
 // sees them all before it refills the stage (relaxed atomics order nothing).
