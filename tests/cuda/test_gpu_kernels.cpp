@@ -566,6 +566,13 @@ TEST(GpuKernels, RopeKvEqualsRopeThenAppend) {
     }
 }
 
+// A matrix's device bytes with the 16 bytes of slack the weight arena leaves after each matrix
+// (weights.cpp), which the weight ring's bulk copies may read into.
+std::vector<uint8_t> with_arena_slack(std::vector<uint8_t> bytes) {
+  bytes.resize(bytes.size() + 16);
+  return bytes;
+}
+
 // Both decode matmul kernels return exactly the canonical order's bits (quant/canonical_dot.h, the
 // CPU statement of it), with bias and residual, for any token count: a token's result does not
 // depend on how many tokens share the launch or which kernel runs it.
@@ -588,9 +595,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), pad40_row(xq, t, sh.cols), sh.cols);
         want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
       }
-    std::vector<uint8_t> device_bytes = cuda::device_layout(sh.t, wq);
-    device_bytes.resize(device_bytes.size() + 16);  // the arena's slack (weights.cpp)
-    DeviceBuffer<uint8_t> dw(device_bytes);
+    DeviceBuffer<uint8_t> dw(with_arena_slack(cuda::device_layout(sh.t, wq)));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
     // The q4_K and q6_K (rows in fours) launches of 33..64 tokens also through the warpgroup-MMA
@@ -736,8 +741,7 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
 // tiles) with bias and residual at 1, 5 and 8 tokens, and 201 rows of it (a partial last tile;
 // q6_K rows start 8 bytes past a 16-byte boundary every other row, and the last one does not): with
 // the weights streamed through the ring in shared memory (the backend's launch on an H200's 132
-// SMs) and with two groups in flight in registers, the bits of one group in flight. The weights
-// have the arena's 16 bytes of slack after them (weights.cpp).
+// SMs) and with two groups in flight in registers, the bits of one group in flight.
 TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
@@ -746,15 +750,14 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   ring.sm_count = registers.sm_count = one.sm_count = 132;
   registers.weights_in_registers = true;
   one.one_group_in_flight = true;
+  DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
+                    max_tokens, cols);
   for (int rows : {preset.n_embd, 201}) {
     DeviceBuffer<float> bias(random_normal(size_t(rows), 0.2f, 240)),
         residual(random_normal(size_t(max_tokens) * rows, 1.0f, 241));
-    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
-                      max_tokens, cols);
     for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
-      std::vector<uint8_t> bytes = cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 243));
-      bytes.resize(bytes.size() + 16);
-      DeviceBuffer<uint8_t> w(bytes);
+      DeviceBuffer<uint8_t> w(
+          with_arena_slack(cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 243))));
       cuda::MatSeg seg;
       seg.w = {type, rows, cols, w.get()};
       seg.bias = bias.get();

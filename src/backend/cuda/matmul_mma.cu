@@ -812,6 +812,20 @@ __global__ void __launch_bounds__(WeightRing<Group>::kThreadsACta, 2)
   join_streams<1>(a, seg, it.tile, it.tok, red);
 }
 
+// The current device's shared memory an SM (0 where it cannot be read).
+int shared_memory_per_sm() {
+  int device = 0, bytes = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  return bytes;
+}
+// The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
+// reduction buffer and the driver's 1 KB besides.
+template <int NTF>
+int shared_memory_per_cta(int dynamic_smem) {
+  return kReduceFloats<NTF> * 4 + dynamic_smem + 1024;
+}
+
 // Launches a decode matmul kernel whose CTAs hold NTF token fragments, ctas_per_sm of them an SM
 // (its launch bounds), each with dynamic_smem bytes of dynamic shared memory.
 template <int NTF>
@@ -820,10 +834,7 @@ void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const Kerne
   // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
   // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
   // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
-  const int smem_per_cta = kReduceFloats<NTF> * 4 + dynamic_smem + 1024;  // + the driver's 1 KB
-  int device = 0, sm_smem = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  const int smem_per_cta = shared_memory_per_cta<NTF>(dynamic_smem), sm_smem = shared_memory_per_sm();
   const int percent = sm_smem > 0 ? std::min(100, (ctas_per_sm * smem_per_cta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
@@ -880,11 +891,7 @@ int most_groups(const MmaArgs& a) {
 template <typename Group>
 bool weight_ring(const MmaArgs& a) {
   if (a.extra.weights_in_registers) return false;
-  int device = 0, sm_smem = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  const int per_cta = WeightRing<Group>::bytes(most_groups(a)) + kReduceFloats<1> * 4 + 1024;  // + the driver's 1 KB
-  return 2 * per_cta <= sm_smem;
+  return 2 * shared_memory_per_cta<1>(WeightRing<Group>::bytes(most_groups(a))) <= shared_memory_per_sm();
 }
 
 template <typename Group>
@@ -974,6 +981,16 @@ bool one_fragment_launch_takes(const MatSeg* segs, int n_segs, int n_tokens, con
   }
 }
 
+// Whether a one-fragment launch of these segments keeps two groups in flight, in the weight ring
+// (ring) or in registers (!ring): launch_group's choice.
+bool two_groups_in_flight_by(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra, bool ring) {
+  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [ring](auto group, const MmaArgs& a, int row_tiles) {
+    using Group = typename decltype(group)::type;
+    if constexpr (Group::kTwoGroupsInFlight) return two_groups_in_flight(a, row_tiles) && weight_ring<Group>(a) == ring;
+    return false;
+  });
+}
+
 }  // namespace
 
 OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
@@ -988,19 +1005,11 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
 }
 
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-    using Group = typename decltype(group)::type;
-    if constexpr (Group::kTwoGroupsInFlight) return two_groups_in_flight(a, row_tiles) && !weight_ring<Group>(a);
-    return false;
-  });
+  return two_groups_in_flight_by(segs, n_segs, n_tokens, extra, false);
 }
 
 bool matmul_mma_weight_ring(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-    using Group = typename decltype(group)::type;
-    if constexpr (Group::kTwoGroupsInFlight) return two_groups_in_flight(a, row_tiles) && weight_ring<Group>(a);
-    return false;
-  });
+  return two_groups_in_flight_by(segs, n_segs, n_tokens, extra, true);
 }
 
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
