@@ -607,23 +607,26 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     const bool has_wgmma = (sh.t == GgmlType::Q4_K || (sh.t == GgmlType::Q6_K && sh.rows % 4 == 0)) &&
                            cuda::prefill_gemm_device_has_wgmma();
     // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, with
-    // two groups in flight a warp (rows of more than 16 groups, on 132 SMs), and with the
-    // activations in shared memory (q4_K rows of <= 6,144 columns, more row tiles than 3 CTAs an
-    // SM take at once on one SM).
+    // two groups in flight a warp (rows of more than 16 groups, on 132 SMs: in registers, or
+    // streamed through the weight ring at two CTAs an SM; on one SM, 3 row tiles: the ring at
+    // three), and with the activations in shared memory (q4_K rows of <= 6,144 columns, more row
+    // tiles than 3 CTAs an SM take at once on one SM).
     cuda::MatVecExtra three_ctas, on_132_sms, in_registers_on_132_sms, on_one_sm;
     three_ctas.decode_ctas = 3;
     on_132_sms.sm_count = in_registers_on_132_sms.sm_count = 132;
     in_registers_on_132_sms.weights_in_registers = true;
     on_one_sm.sm_count = 1;
-    for (const char* kernel :
-         {"matvec", "mma", "mma 3 CTAs", "mma two groups", "mma weight ring", "mma shared activations", "wgmma"})
+    for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "mma two groups", "mma weight ring",
+                               "mma weight ring 3 CTAs an SM", "mma shared activations", "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
         const bool wgmma_kernel = std::string(kernel) == "wgmma", few_ctas = std::string(kernel) == "mma 3 CTAs";
         const bool two_groups = std::string(kernel) == "mma two groups", ring = std::string(kernel) == "mma weight ring";
+        const bool ring3 = std::string(kernel) == "mma weight ring 3 CTAs an SM";
         const bool shared = std::string(kernel) == "mma shared activations";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         if (few_ctas && n > 8) continue;
         if ((two_groups || ring) && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
+        if (ring3 && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256 || (sh.rows + 15) / 16 != 3)) continue;
         if (shared && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols > 6144)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
@@ -641,8 +644,11 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
           ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, n, in_registers_on_132_sms));
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, in_registers_on_132_sms, nullptr);
         } else if (ring) {
-          ASSERT_TRUE(cuda::matmul_mma_weight_ring(&seg, 1, n, on_132_sms));
+          ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, n, on_132_sms), 2);
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_132_sms, nullptr);
+        } else if (ring3) {
+          ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, n, on_one_sm), 3);
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_one_sm, nullptr);
         } else if (shared) {
           ASSERT_TRUE(cuda::matmul_mma_shared_activations(&seg, 1, n, on_one_sm));
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_one_sm, nullptr);
@@ -737,41 +743,49 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
   }
 }
 
-// The 7B's down projection (3,584 rows of 18,944 columns, q4_K and q6_K: 74 groups a row, 224 row
-// tiles) with bias and residual at 1, 5 and 8 tokens, and 201 rows of it (a partial last tile;
-// q6_K rows start 8 bytes past a 16-byte boundary every other row, and the last one does not): with
-// the weights streamed through the ring in shared memory (the backend's launch on an H200's 132
-// SMs) and with two groups in flight in registers, the bits of one group in flight.
+// Launches that keep more than one group in flight a warp, each with bias and residual at 1, 5 and
+// 8 tokens, q4_K and q6_K: the 7B's down projection (3,584 rows of 18,944 columns: 74 groups a row,
+// 224 row tiles, one wave at two CTAs an SM on an H200's 132 SMs) and 201 rows of it (a partial
+// last tile; q6_K rows start 8 bytes past a 16-byte boundary every other row, and the last one does
+// not), with the weights streamed through the ring in shared memory at two CTAs an SM and with two
+// groups in registers; the 14B's down (5,120 rows of 13,824 columns: 54 groups, 320 row tiles, one
+// wave only at three) and o (5,120 columns: 20 groups, 2 or 3 a warp), and 201 rows of its down on
+// 5 SMs (13 tiles), through the ring at three CTAs an SM: the bits of one group in flight.
 TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   MINFER_REQUIRE_GPU();
-  const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
-  const int cols = preset.n_ff, max_tokens = 8;
-  cuda::MatVecExtra ring, registers, one;
-  ring.sm_count = registers.sm_count = one.sm_count = 132;
-  registers.weights_in_registers = true;
-  one.one_group_in_flight = true;
-  DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * cols, 1.0f, 242), max_tokens, cols),
-                    max_tokens, cols);
-  for (int rows : {preset.n_embd, 201}) {
-    DeviceBuffer<float> bias(random_normal(size_t(rows), 0.2f, 240)),
-        residual(random_normal(size_t(max_tokens) * rows, 1.0f, 241));
+  struct Case { const char* what; int rows, cols, sm_count, ring_ctas_per_sm; bool in_registers; };
+  const int d7 = synth::find_preset("qwen2.5-7b").n_embd, ff7 = synth::find_preset("qwen2.5-7b").n_ff;
+  const int d14 = synth::find_preset("qwen2.5-14b").n_embd, ff14 = synth::find_preset("qwen2.5-14b").n_ff;
+  const Case cases[] = {{"7B down", d7, ff7, 132, 2, true},         {"7B down, 201 rows", 201, ff7, 132, 2, true},
+                        {"14B down", d14, ff14, 132, 3, false},     {"14B o", d14, d14, 132, 3, false},
+                        {"14B down, 201 rows", 201, ff14, 5, 3, false}};
+  const int max_tokens = 8;
+  for (const Case& c : cases) {
+    cuda::MatVecExtra ring, registers, one;
+    ring.sm_count = registers.sm_count = one.sm_count = c.sm_count;
+    registers.weights_in_registers = true;
+    one.one_group_in_flight = true;
+    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(max_tokens) * c.cols, 1.0f, 242), max_tokens, c.cols),
+                      max_tokens, c.cols);
+    DeviceBuffer<float> bias(random_normal(size_t(c.rows), 0.2f, 240)),
+        residual(random_normal(size_t(max_tokens) * c.rows, 1.0f, 241));
     for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
       DeviceBuffer<uint8_t> w(
-          with_arena_slack(cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 243))));
+          with_arena_slack(cuda::device_layout(type, test::random_weight_rows(type, c.rows, c.cols, 243))));
       cuda::MatSeg seg;
-      seg.w = {type, rows, cols, w.get()};
+      seg.w = {type, c.rows, c.cols, w.get()};
       seg.bias = bias.get();
       seg.residual = residual.get();
-      ASSERT_TRUE(cuda::matmul_mma_weight_ring(&seg, 1, 1, ring));
-      ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, ring));
-      ASSERT_TRUE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, registers));
-      ASSERT_FALSE(cuda::matmul_mma_weight_ring(&seg, 1, 1, registers));
-      ASSERT_FALSE(cuda::matmul_mma_weight_ring(&seg, 1, 1, one));
-      ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, one));
-      const std::string what = std::string(type_traits(type).name) + ", " + std::to_string(rows) + " rows";
+      const std::string what = std::string(c.what) + ", " + type_traits(type).name;
+      ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, ring), c.ring_ctas_per_sm) << what;
+      ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, ring)) << what;
+      ASSERT_EQ(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, registers), c.in_registers) << what;
+      ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, registers), 0) << what;
+      ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, one), 0) << what;
+      ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, one)) << what;
       for (int n : {1, 5, 8}) {
         expect_same_decode_matmul_bits({seg}, plane.plane, n, ring, one, what + ", ring");
-        expect_same_decode_matmul_bits({seg}, plane.plane, n, registers, one, what + ", registers");
+        if (c.in_registers) expect_same_decode_matmul_bits({seg}, plane.plane, n, registers, one, what + ", registers");
       }
     }
   }

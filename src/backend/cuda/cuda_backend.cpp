@@ -112,10 +112,12 @@ struct CudaBackend::Impl {
   // (MatVecExtra::launch_per_type).
   const bool two_type_decode_matmul = !env_flag("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
   // MINFER_NO_TWO_GROUPS_IN_FLIGHT: that matmul keeps one group's weights in flight a warp
-  // (MatVecExtra::one_group_in_flight) instead of two where its warps stream many (down).
+  // (MatVecExtra::one_group_in_flight) instead of more where its warps stream many (down; the
+  // 14B's o).
   const bool two_groups_in_flight = !env_flag("MINFER_NO_TWO_GROUPS_IN_FLIGHT");
-  // MINFER_NO_WEIGHT_RING: where that matmul keeps two groups in flight, it holds them in registers
-  // (MatVecExtra::weights_in_registers) instead of streaming the tile through shared memory.
+  // MINFER_NO_WEIGHT_RING: where that matmul would stream a tile's weights through shared memory,
+  // it holds two groups in registers (MatVecExtra::weights_in_registers) where they fit one wave
+  // at two CTAs an SM (the 7B's down), else one group (the 14B's down and o).
   const bool weight_ring = !env_flag("MINFER_NO_WEIGHT_RING");
   // MINFER_NO_SHARED_ACTIVATIONS: that matmul reads its activations from global memory
   // (MatVecExtra::activations_from_global) where it would copy them into shared memory (gate/up).

@@ -228,13 +228,13 @@ struct MatVecExtra {
   // The tensor-core decode matmul at one token fragment takes q4_K and q6_K segments (q/k with a
   // q6_K v) in one launch, unless this is set: a launch per type. The same bits.
   bool launch_per_type = false;
-  // The tensor-core decode matmul at one token fragment keeps two groups' weights in flight a warp
-  // where each warp streams more than two groups and the row tiles fit one wave at two CTAs an SM
-  // (down), unless this is set: one group. The same bits.
+  // The tensor-core decode matmul at one token fragment keeps more than one group's weights in
+  // flight a warp where each warp streams more than two groups and the row tiles fit one wave at
+  // two or three CTAs an SM (down; the 14B's o), unless this is set: one group. The same bits.
   bool one_group_in_flight = false;
-  // Where that matmul would keep two groups in flight, it streams the tile's weights through a ring
-  // of stages in shared memory (bulk copies, matmul_mma_weight_ring_kernel) unless this is set:
-  // two groups in registers. The same bits.
+  // There that matmul streams the tile's weights through a ring of stages in shared memory (bulk
+  // copies, matmul_mma_weight_ring_kernel, at two CTAs an SM or else three) unless this is set:
+  // two groups in registers where the tiles fit one wave at two CTAs an SM, else one. The same bits.
   bool weights_in_registers = false;
   // The tensor-core decode matmul at one token fragment copies the activations into each CTA's
   // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,
@@ -266,9 +266,10 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with two groups'
 // weights in flight a warp in registers (MatVecExtra::one_group_in_flight, weights_in_registers).
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
-// Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with their weights
-// through a ring in shared memory (MatVecExtra::weights_in_registers).
-bool matmul_mma_weight_ring(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// The CTAs an SM (2 or 3) at which launch_matmul_mma runs these segments (one k-quant type, <= 8
+// tokens) with their weights through a ring in shared memory (MatVecExtra::weights_in_registers);
+// 0 where it does not.
+int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with the
 // activations in shared memory (MatVecExtra::activations_from_global).
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);

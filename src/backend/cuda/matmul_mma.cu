@@ -684,7 +684,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<1>) matmul_mma_q4k_q6k_ke
 // with the group after next right after its products. For launches whose warps stream many groups
 // a tile (down: 74 at K = 18944), where one group in flight leaves a round trip before each
 // group's products. Two CTAs an SM (128 registers), so it is launched only where the row tiles
-// fit one wave at that (two_groups_in_flight).
+// fit one wave at that (two_groups_in_registers).
 // REQUIRES: as matmul_mma_kernel at NTF == 1, one row tile a CTA.
 template <typename Group>
 __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(const __grid_constant__ MmaArgs a) {
@@ -692,17 +692,23 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
   work_item<Group, 1, 2>(a, item_at<1>(a, int(blockIdx.x)), red);
 }
 
-// The weight ring of matmul_mma_weight_ring_kernel: round r of a row tile (groups 8r .. 8r + 7 of
-// its 16 rows) lies in stage r % kStages, a tile row kPitch bytes apart, copied there by the tensor
-// memory accelerator (one bulk copy a tile row, from the 16-byte boundary at or below the round:
-// q6_K rows of 74 groups start 8 bytes past it every other row). A stage's last reader refills it
-// with round r + kStages, so up to kStages rounds stream in while the warps multiply, with no
-// weight bytes held in registers ahead of their products. Behind the stages, the terms of the
-// tile's groups (a warp's 32 lanes x 4 floats a group) until the streams are folded.
-template <typename Group>
+// The weight ring of matmul_mma_weight_ring_kernel at CtasPerSm CTAs an SM: round r of a row tile
+// (groups 8r .. 8r + 7 of its 16 rows) lies in stage r % kStages, a tile row kPitch bytes apart,
+// copied there by the tensor memory accelerator (one bulk copy a tile row, from the 16-byte
+// boundary at or below the round: q6_K rows of 74 groups start 8 bytes past it every other row). A
+// stage's last reader refills it with round r + kStages, so up to kStages rounds stream in while
+// the warps multiply, with no weight bytes held in registers ahead of their products.
+// At two CTAs an SM a CTA has 12 warps (more warps than streams, so that the groups' chains
+// overlap: +1.9 % on the 7B against 8; 16 gave ±0), and behind the stages lie the terms of the
+// tile's groups (a warp's 32 lanes x 4 floats a group) until the streams are folded. At three (row
+// tiles that do not fit one wave at two: the 14B's down and o) it has 8 warps, warp w summing
+// stream w in registers, and no terms (27.6 KB of them at 54 groups would not fit).
+template <typename Group, int CtasPerSm>
 struct WeightRing {
-  static constexpr int kWarpsACta = 12;  // more warps than streams: the groups' chains overlap
+  static_assert(CtasPerSm == 2 || CtasPerSm == 3, "a ring's CTAs an SM: 2 or 3");
+  static constexpr int kWarpsACta = CtasPerSm == 2 ? 12 : kWarps;
   static constexpr int kThreadsACta = kWarpsACta * 32;
+  static constexpr bool kTermsInShared = kWarpsACta != kWarps;
   static constexpr int kStages = std::is_same_v<Group, GroupQ6K> ? 2 : 3;
   static constexpr int kRoundBytes = kWarps * Group::kGroupBytes;
   static_assert(kRoundBytes % 16 == 0, "rounds start at a row's offset modulo 16");
@@ -716,23 +722,25 @@ struct WeightRing {
   // read count a round (a round's own barrier, so that a warp that skips rounds never reads a
   // phase of its stage's barrier that belongs to another round).
   static constexpr int bytes(int groups) {
-    return kStages * kStageBytes + groups * kTermBytes + rounds(groups) * (8 + 4);
+    return kStages * kStageBytes + (kTermsInShared ? groups * kTermBytes : 0) + rounds(groups) * (8 + 4);
   }
 };
 
 // One row tile a CTA at one token fragment, its weights streamed through WeightRing and its groups
 // dealt over WeightRing::kWarpsACta warps (group g to warp g % kWarpsACta), for launches whose rows
-// have many groups (down: 74 at K = 18944) and whose tiles fit one wave at two CTAs an SM. Each
-// group's term goes to shared memory (0 + t is t for every term a stream can add: a -0 becomes +0,
-// which adds the same to a sum that is never -0); warps 0..7 then add stream w's terms in group
-// order, so the bits are those of every other kernel.
-// REQUIRES: as matmul_mma_two_groups_kernel, with blockDim.x == WeightRing<Group>::kThreadsACta;
-// dynamic shared memory of WeightRing<Group>::bytes(groups); every row holds whole groups; the
-// weights readable up to 15 bytes past their last row (the arena's slack, weights.cpp).
-template <typename Group>
-__global__ void __launch_bounds__(WeightRing<Group>::kThreadsACta, 2)
+// have many groups (down: 74 at K = 18944) and whose tiles fit one wave at CtasPerSm CTAs an SM.
+// With more warps than streams each group's term goes to shared memory (0 + t is t for every term
+// a stream can add: a -0 becomes +0, which adds the same to a sum that is never -0) and warps
+// 0..7 then add stream w's terms in group order; with 8, warp w adds its groups' terms in order
+// itself. Either way the bits are those of every other kernel.
+// REQUIRES: one row tile a CTA, <= 8 tokens, blockDim.x == Ring::kThreadsACta and
+// CtasPerSm CTAs an SM (the launch bounds); dynamic shared memory of Ring::bytes(groups);
+// every row holds whole groups; the weights readable up to 15 bytes past their last row (the
+// arena's slack, weights.cpp).
+template <typename Group, int CtasPerSm>
+__global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
-  using Ring = WeightRing<Group>;
+  using Ring = WeightRing<Group, CtasPerSm>;
   __shared__ float red[kReduceFloats<1>];
   extern __shared__ __align__(128) uint8_t ring_stages[];
   const Item it = item_at<1>(a, int(blockIdx.x));
@@ -742,7 +750,7 @@ __global__ void __launch_bounds__(WeightRing<Group>::kThreadsACta, 2)
   const int n_groups = m.cols / 256, n_rounds = Ring::rounds(n_groups);
   const uint32_t stages = shared_address(ring_stages);
   float4* terms = reinterpret_cast<float4*>(ring_stages + Ring::kStages * Ring::kStageBytes);
-  uint64_t* full = reinterpret_cast<uint64_t*>(terms + n_groups * 32);  // [round]
+  uint64_t* full = reinterpret_cast<uint64_t*>(terms + (Ring::kTermsInShared ? n_groups * 32 : 0));  // [round]
   int* released = reinterpret_cast<int*>(full + n_rounds);              // [round]
   // Round r into its stage by lanes 0..15 of the calling warp, a tile row each.
   const int copy_row = tile_load_row(seg, a.extra, it.tile, lane % kTileRows);
@@ -778,6 +786,7 @@ __global__ void __launch_bounds__(WeightRing<Group>::kThreadsACta, 2)
   // Every group of a round is read by one warp, each warp taking its groups in order, so the
   // round holding the lowest unread group is always in its stage: no warp waits on a round that
   // a waiting warp holds back. A warp may skip rounds (12 warps, 8 groups a round).
+  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};  // stream `warp` (8 warps)
   for (int g = warp; g < n_groups; g += Ring::kWarpsACta) {
     const int r = g / kWarps, st = r % Ring::kStages;
     mbarrier_wait(shared_address(&full[r]), 0);
@@ -794,20 +803,24 @@ __global__ void __launch_bounds__(WeightRing<Group>::kThreadsACta, 2)
       fence_proxy_async_shared();
       issue(r + Ring::kStages);
     }
-    float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, term);
-    terms[g * 32 + lane] = make_float4(term[0][0], term[0][1], term[0][2], term[0][3]);
-  }
-  __syncthreads();
-  if (warp < kWarps) {
-    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-    for (int g = warp; g < n_groups; g += kWarps) {
-      const float4 t = terms[g * 32 + lane];
-      acc[0][0] = __fadd_rn(acc[0][0], t.x), acc[0][1] = __fadd_rn(acc[0][1], t.y);
-      acc[0][2] = __fadd_rn(acc[0][2], t.z), acc[0][3] = __fadd_rn(acc[0][3], t.w);
+    if constexpr (Ring::kTermsInShared) {
+      float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+      add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, term);
+      terms[g * 32 + lane] = make_float4(term[0][0], term[0][1], term[0][2], term[0][3]);
+    } else {
+      add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, acc);
     }
-    streams_to_red<1>(acc, red);
   }
+  if constexpr (Ring::kTermsInShared) {
+    __syncthreads();
+    if (warp < kWarps)
+      for (int g = warp; g < n_groups; g += kWarps) {
+        const float4 t = terms[g * 32 + lane];
+        acc[0][0] = __fadd_rn(acc[0][0], t.x), acc[0][1] = __fadd_rn(acc[0][1], t.y);
+        acc[0][2] = __fadd_rn(acc[0][2], t.z), acc[0][3] = __fadd_rn(acc[0][3], t.w);
+      }
+  }
+  if (warp < kWarps) streams_to_red<1>(acc, red);
   __syncthreads();
   join_streams<1>(a, seg, it.tile, it.tok, red);
 }
@@ -853,14 +866,13 @@ int one_fragment_ctas(int row_tiles, const MatVecExtra& extra) {
   return extra.sm_count > 0 ? std::min(row_tiles, kCtasPerSm<1> * extra.sm_count) : row_tiles;
 }
 
-// Whether a one-fragment launch keeps two groups in flight (matmul_mma_weight_ring_kernel, or
-// matmul_mma_two_groups_kernel: weight_ring): every warp streams more than two groups of each
-// segment (7B down: +4.1 % at one sequence against one group in flight; o, two groups a warp: ±0;
-// gate/up, which fills three CTAs an SM, lost 8.6 % at two) and one tile a CTA at two CTAs an SM
-// is one wave.
-bool two_groups_in_flight(const MmaArgs& a, int row_tiles) {
+// Whether a one-fragment launch may keep more than one group in flight a warp: every warp streams
+// more than two groups of each segment (7B down: +4.1 % at one sequence with two in registers; o,
+// two groups a warp: ±0; gate/up, which fills three CTAs an SM, lost 8.6 % at two) and one tile a
+// CTA at ctas_per_sm CTAs an SM is one wave.
+bool many_groups_in_one_wave(const MmaArgs& a, int row_tiles, int ctas_per_sm) {
   if (a.extra.one_group_in_flight || a.extra.sm_count <= 0) return false;
-  if (row_tiles > 2 * a.extra.sm_count) return false;
+  if (row_tiles > ctas_per_sm * a.extra.sm_count) return false;
   for (int i = 0; i < a.n_segs; ++i)
     if (a.seg[i].w.cols / 256 <= 2 * kWarps) return false;
   return true;
@@ -884,14 +896,32 @@ int most_groups(const MmaArgs& a) {
   for (int i = 0; i < a.n_segs; ++i) groups = std::max(groups, a.seg[i].w.cols / 256);
   return groups;
 }
-// Whether a one-fragment launch that keeps two groups in flight (two_groups_in_flight) streams
-// them through the weight ring instead of registers: unless MatVecExtra::weights_in_registers, where
-// two CTAs an SM with their rings and terms fit the SM's shared memory (the 7B's down: 207 KB of
-// 228 at q4_K, 197 at q6_K).
+// The CTAs an SM of the weight ring a one-fragment launch streams its weights through, 0 for none:
+// unless MatVecExtra::weights_in_registers, where many groups fit one wave (many_groups_in_one_wave)
+// at two CTAs an SM (the 7B's down: 207 KB of 228 at q4_K, 197 at q6_K), else at three (the 14B's
+// down and o: +5.7 % against one group in flight, which is all the registers allow there; o alone
+// +1.5 %), and the CTAs' rings fit the SM's shared memory.
+template <typename Group, int CtasPerSm>
+bool weight_ring_fits(const MmaArgs& a, int row_tiles) {
+  using Ring = WeightRing<Group, CtasPerSm>;
+  return many_groups_in_one_wave(a, row_tiles, CtasPerSm) &&
+         CtasPerSm * shared_memory_per_cta<1>(Ring::bytes(most_groups(a))) <= shared_memory_per_sm();
+}
 template <typename Group>
-bool weight_ring(const MmaArgs& a) {
-  if (a.extra.weights_in_registers) return false;
-  return 2 * shared_memory_per_cta<1>(WeightRing<Group>::bytes(most_groups(a))) <= shared_memory_per_sm();
+int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
+  if (a.extra.weights_in_registers) return 0;
+  if (weight_ring_fits<Group, 2>(a, row_tiles)) return 2;
+  return weight_ring_fits<Group, 3>(a, row_tiles) ? 3 : 0;
+}
+// Whether a one-fragment launch without a weight ring keeps two groups in flight a warp in
+// registers (matmul_mma_two_groups_kernel, 128 registers: two CTAs an SM).
+bool two_groups_in_registers(const MmaArgs& a, int row_tiles) { return many_groups_in_one_wave(a, row_tiles, 2); }
+
+template <typename Group, int CtasPerSm>
+void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) {
+  using Ring = WeightRing<Group, CtasPerSm>;
+  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, CtasPerSm>, a, row_tiles, s, CtasPerSm,
+                Ring::bytes(most_groups(a)), Ring::kThreadsACta);
 }
 
 template <typename Group>
@@ -901,12 +931,15 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   const int ntf = a.n_tokens <= 8 ? 1 : a.n_tokens <= 16 ? 2 : 4;
   const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
   if (ntf == 1) {
-    if constexpr (Group::kTwoGroupsInFlight)
-      if (two_groups_in_flight(a, row_tiles)) {
-        if (!weight_ring<Group>(a)) return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
-        return launch_mma<1>(matmul_mma_weight_ring_kernel<Group>, a, row_tiles, s, 2,
-                             WeightRing<Group>::bytes(most_groups(a)), WeightRing<Group>::kThreadsACta);
+    if constexpr (Group::kTwoGroupsInFlight) {
+      switch (weight_ring_ctas_per_sm<Group>(a, row_tiles)) {
+        case 2: return launch_weight_ring<Group, 2>(a, row_tiles, s);
+        case 3: return launch_weight_ring<Group, 3>(a, row_tiles, s);
+        default: break;
       }
+      if (two_groups_in_registers(a, row_tiles))
+        return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
+    }
     if constexpr (Group::kSharedActivations)
       if (shared_activations(a, row_tiles))
         return launch_mma<1>(matmul_mma_shared_activations_kernel<Group>, a,
@@ -981,15 +1014,6 @@ bool one_fragment_launch_takes(const MatSeg* segs, int n_segs, int n_tokens, con
   }
 }
 
-// Whether a one-fragment launch of these segments keeps two groups in flight, in the weight ring
-// (ring) or in registers (!ring): launch_group's choice.
-bool two_groups_in_flight_by(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra, bool ring) {
-  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [ring](auto group, const MmaArgs& a, int row_tiles) {
-    using Group = typename decltype(group)::type;
-    if constexpr (Group::kTwoGroupsInFlight) return two_groups_in_flight(a, row_tiles) && weight_ring<Group>(a) == ring;
-    return false;
-  });
-}
 
 }  // namespace
 
@@ -1005,11 +1029,22 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
 }
 
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return two_groups_in_flight_by(segs, n_segs, n_tokens, extra, false);
+  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+    using Group = typename decltype(group)::type;
+    if constexpr (Group::kTwoGroupsInFlight)
+      return weight_ring_ctas_per_sm<Group>(a, row_tiles) == 0 && two_groups_in_registers(a, row_tiles);
+    return false;
+  });
 }
 
-bool matmul_mma_weight_ring(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return two_groups_in_flight_by(segs, n_segs, n_tokens, extra, true);
+int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  int ctas = 0;
+  one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [&ctas](auto group, const MmaArgs& a, int row_tiles) {
+    using Group = typename decltype(group)::type;
+    if constexpr (Group::kTwoGroupsInFlight) ctas = weight_ring_ctas_per_sm<Group>(a, row_tiles);
+    return ctas > 0;
+  });
+  return ctas;
 }
 
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
