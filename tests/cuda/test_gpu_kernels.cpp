@@ -445,17 +445,25 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
 // The qkv launch's rope and KV-cache epilogues against matvec + rope kernel + kv_append, for both
 // decode matmul kernels and several tokens at different positions and cache slots; at one token
 // fragment also with a q4_K v on one SM, where the launch's 48 row tiles take the kernel with the
-// activations in shared memory (the 14B's q/k/v launches in its q4_K-v layers on an H200).
+// activations in shared memory (the 14B's q/k/v launches in its q4_K-v layers on an H200), and
+// with a q4_K v and rows of 9 groups on 24 and 16 SMs, where they stream through the weight ring
+// at two and three CTAs an SM (the 7B's q/k/v launches in its q4_K-v layers).
 TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
-  const int dim = 512, hd = 64, n_head = 8, n_kv = 2, n_slots = 64;
+  const int hd = 64, n_head = 8, n_kv = 2, n_slots = 64;
   const int qw = n_head * hd, kvw = n_kv * hd;
   // 3 tokens: one token fragment; 40: a 32-token tile and a part of the next
-  for (const auto& [kernel, n] : {std::pair{"matvec", 3}, {"mma", 3}, {"mma shared activations", 3}, {"matvec", 40},
+  for (const auto& [kernel, n] : {std::pair{"matvec", 3}, {"mma", 3}, {"mma shared activations", 3},
+                                  {"mma weight ring", 3}, {"mma weight ring 3 CTAs an SM", 3}, {"matvec", 40},
                                   {"mma", 40}}) {
     const bool mma = std::string(kernel) != "matvec", shared = std::string(kernel) == "mma shared activations";
+    const int ring_ctas_per_sm = std::string(kernel) == "mma weight ring"                ? 2
+                                 : std::string(kernel) == "mma weight ring 3 CTAs an SM" ? 3
+                                                                                        : 0;
+    const int dim = ring_ctas_per_sm ? 9 * 256 : 512;
     for (bool neox : {true, false}) {
-      const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K, shared ? GgmlType::Q4_K : GgmlType::Q6_K};
+      const GgmlType types[3] = {GgmlType::Q4_K, GgmlType::Q4_K,
+                                 shared || ring_ctas_per_sm ? GgmlType::Q4_K : GgmlType::Q6_K};
       const int widths[3] = {qw, kvw, kvw};
       std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
       std::vector<std::unique_ptr<DeviceBuffer<float>>> bias;
@@ -485,7 +493,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       extra.positions = pos.get();
       extra.slots = slots.get();
       extra.kv = {k1.get(), v1.get(), n_kv, hd};
-      extra.sm_count = shared ? 1 : 0;
+      extra.sm_count = shared ? 1 : ring_ctas_per_sm == 2 ? 24 : ring_ctas_per_sm == 3 ? 16 : 0;
       cuda::MatSeg segs[3];
       const cuda::Epilogue epi[3] = {cuda::Epilogue::RopeQ, cuda::Epilogue::RopeK, cuda::Epilogue::StoreV};
       float* outs[3] = {q1.get(), nullptr, nullptr};
@@ -503,6 +511,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
           cuda::launch_matvec(sg, n_segs, xq.plane, nullptr, dim, n, ex, nullptr);
       };
       ASSERT_EQ(cuda::matmul_mma_shared_activations(segs, 3, n, extra), shared);
+      ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(segs, 3, n, extra), ring_ctas_per_sm);
       matmul(segs, 3, extra);
       float* plain_outs[3] = {q2.get(), kf.get(), vf.get()};
       for (int s = 0; s < 3; ++s) {
@@ -607,10 +616,10 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     const bool has_wgmma = (sh.t == GgmlType::Q4_K || (sh.t == GgmlType::Q6_K && sh.rows % 4 == 0)) &&
                            cuda::prefill_gemm_device_has_wgmma();
     // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, with
-    // two groups in flight a warp (rows of more than 16 groups, on 132 SMs: in registers, or
-    // streamed through the weight ring at two CTAs an SM; on one SM, 3 row tiles: the ring at
-    // three), and with the activations in shared memory (q4_K rows of <= 6,144 columns, more row
-    // tiles than 3 CTAs an SM take at once on one SM).
+    // two groups in flight a warp in registers (rows of more than 16 groups, on 132 SMs), with the
+    // weights streamed through the weight ring (rows of more than 8 groups: on 132 SMs at two CTAs
+    // an SM; 3 row tiles on one SM, at three), and with the activations in shared memory (q4_K
+    // rows of <= 6,144 columns, more row tiles than 3 CTAs an SM take at once on one SM).
     cuda::MatVecExtra three_ctas, on_132_sms, in_registers_on_132_sms, on_one_sm;
     three_ctas.decode_ctas = 3;
     on_132_sms.sm_count = in_registers_on_132_sms.sm_count = 132;
@@ -625,8 +634,9 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         const bool shared = std::string(kernel) == "mma shared activations";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         if (few_ctas && n > 8) continue;
-        if ((two_groups || ring) && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
-        if (ring3 && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256 || (sh.rows + 15) / 16 != 3)) continue;
+        if (two_groups && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
+        if (ring && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 8 * 256)) continue;
+        if (ring3 && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 8 * 256 || (sh.rows + 15) / 16 != 3)) continue;
         if (shared && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols > 6144)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
@@ -748,17 +758,18 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
 // 224 row tiles, one wave at two CTAs an SM on an H200's 132 SMs) and 201 rows of it (a partial
 // last tile; q6_K rows start 8 bytes past a 16-byte boundary every other row, and the last one does
 // not), with the weights streamed through the ring in shared memory at two CTAs an SM and with two
-// groups in registers; the 14B's down (5,120 rows of 13,824 columns: 54 groups, 320 row tiles, one
-// wave only at three) and o (5,120 columns: 20 groups, 2 or 3 a warp), and 201 rows of its down on
-// 5 SMs (13 tiles), through the ring at three CTAs an SM: the bits of one group in flight.
+// groups in registers; the 7B's o (14 groups: 1 or 2 a warp) through the ring at two; the 14B's
+// down (5,120 rows of 13,824 columns: 54 groups, 320 row tiles, one wave only at three) and o
+// (5,120 columns: 20 groups), and 201 rows of its down on 5 SMs (13 tiles), through the ring at
+// three CTAs an SM: the bits of one group in flight.
 TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   struct Case { const char* what; int rows, cols, sm_count, ring_ctas_per_sm; bool in_registers; };
   const int d7 = synth::find_preset("qwen2.5-7b").n_embd, ff7 = synth::find_preset("qwen2.5-7b").n_ff;
   const int d14 = synth::find_preset("qwen2.5-14b").n_embd, ff14 = synth::find_preset("qwen2.5-14b").n_ff;
-  const Case cases[] = {{"7B down", d7, ff7, 132, 2, true},         {"7B down, 201 rows", 201, ff7, 132, 2, true},
-                        {"14B down", d14, ff14, 132, 3, false},     {"14B o", d14, d14, 132, 3, false},
-                        {"14B down, 201 rows", 201, ff14, 5, 3, false}};
+  const Case cases[] = {{"7B down", d7, ff7, 132, 2, true},     {"7B down, 201 rows", 201, ff7, 132, 2, true},
+                        {"7B o", d7, d7, 132, 2, false},        {"14B down", d14, ff14, 132, 3, false},
+                        {"14B o", d14, d14, 132, 3, false},     {"14B down, 201 rows", 201, ff14, 5, 3, false}};
   const int max_tokens = 8;
   for (const Case& c : cases) {
     cuda::MatVecExtra ring, registers, one;

@@ -112,12 +112,12 @@ struct CudaBackend::Impl {
   // (MatVecExtra::launch_per_type).
   const bool two_type_decode_matmul = !env_flag("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
   // MINFER_NO_TWO_GROUPS_IN_FLIGHT: that matmul keeps one group's weights in flight a warp
-  // (MatVecExtra::one_group_in_flight) instead of more where its warps stream many (down; the
-  // 14B's o).
+  // (MatVecExtra::one_group_in_flight) instead of more where its warps stream several (down, o,
+  // the 7B's q/k/v).
   const bool two_groups_in_flight = !env_flag("MINFER_NO_TWO_GROUPS_IN_FLIGHT");
   // MINFER_NO_WEIGHT_RING: where that matmul would stream a tile's weights through shared memory,
-  // it holds two groups in registers (MatVecExtra::weights_in_registers) where they fit one wave
-  // at two CTAs an SM (the 7B's down), else one group (the 14B's down and o).
+  // it holds two groups in registers (MatVecExtra::weights_in_registers) where that was measured
+  // to pay (the 7B's down), else one group.
   const bool weight_ring = !env_flag("MINFER_NO_WEIGHT_RING");
   // MINFER_NO_SHARED_ACTIVATIONS: that matmul reads its activations from global memory
   // (MatVecExtra::activations_from_global) where it would copy them into shared memory (gate/up).

@@ -229,12 +229,14 @@ struct MatVecExtra {
   // q6_K v) in one launch, unless this is set: a launch per type. The same bits.
   bool launch_per_type = false;
   // The tensor-core decode matmul at one token fragment keeps more than one group's weights in
-  // flight a warp where each warp streams more than two groups and the row tiles fit one wave at
-  // two or three CTAs an SM (down; the 14B's o), unless this is set: one group. The same bits.
+  // flight a warp where its rows have more groups than the CTA's 8 streams and the row tiles fit
+  // one wave at two or three CTAs an SM (down, o, the 7B's q/k/v), unless this is set: one group.
+  // The same bits.
   bool one_group_in_flight = false;
   // There that matmul streams the tile's weights through a ring of stages in shared memory (bulk
   // copies, matmul_mma_weight_ring_kernel, at two CTAs an SM or else three) unless this is set:
-  // two groups in registers where the tiles fit one wave at two CTAs an SM, else one. The same bits.
+  // two groups in registers where every warp streams more than two and the tiles fit one wave at
+  // two CTAs an SM (the 7B's down), else one. The same bits.
   bool weights_in_registers = false;
   // The tensor-core decode matmul at one token fragment copies the activations into each CTA's
   // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,

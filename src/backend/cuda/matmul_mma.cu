@@ -701,8 +701,9 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
 // At two CTAs an SM a CTA has 12 warps (more warps than streams, so that the groups' chains
 // overlap: +1.9 % on the 7B against 8; 16 gave ±0), and behind the stages lie the terms of the
 // tile's groups (a warp's 32 lanes x 4 floats a group) until the streams are folded. At three (row
-// tiles that do not fit one wave at two: the 14B's down and o) it has 8 warps, warp w summing
-// stream w in registers, and no terms (27.6 KB of them at 54 groups would not fit).
+// tiles that do not fit one wave at two: the 14B's down and o, the 7B's q/k/v) it has 8 warps,
+// warp w summing stream w in registers, and no terms (27.6 KB of them at 54 groups would not fit).
+// The 7B's down at three: −0.9 % at one sequence, −6 % at eight.
 template <typename Group, int CtasPerSm>
 struct WeightRing {
   static_assert(CtasPerSm == 2 || CtasPerSm == 3, "a ring's CTAs an SM: 2 or 3");
@@ -728,7 +729,8 @@ struct WeightRing {
 
 // One row tile a CTA at one token fragment, its weights streamed through WeightRing and its groups
 // dealt over WeightRing::kWarpsACta warps (group g to warp g % kWarpsACta), for launches whose rows
-// have many groups (down: 74 at K = 18944) and whose tiles fit one wave at CtasPerSm CTAs an SM.
+// have more groups than a CTA's 8 streams (down: 74 at K = 18944; o and q/k/v: 14 at 3584) and
+// whose tiles fit one wave at CtasPerSm CTAs an SM.
 // With more warps than streams each group's term goes to shared memory (0 + t is t for every term
 // a stream can add: a -0 becomes +0, which adds the same to a sum that is never -0) and warps
 // 0..7 then add stream w's terms in group order; with 8, warp w adds its groups' terms in order
@@ -866,15 +868,15 @@ int one_fragment_ctas(int row_tiles, const MatVecExtra& extra) {
   return extra.sm_count > 0 ? std::min(row_tiles, kCtasPerSm<1> * extra.sm_count) : row_tiles;
 }
 
-// Whether a one-fragment launch may keep more than one group in flight a warp: every warp streams
-// more than two groups of each segment (7B down: +4.1 % at one sequence with two in registers; o,
-// two groups a warp: ±0; gate/up, which fills three CTAs an SM, lost 8.6 % at two) and one tile a
-// CTA at ctas_per_sm CTAs an SM is one wave.
-bool many_groups_in_one_wave(const MmaArgs& a, int row_tiles, int ctas_per_sm) {
+// Whether a one-fragment launch may keep more than one group in flight a warp: every segment's
+// rows have more than more_groups_than groups and one tile a CTA at ctas_per_sm CTAs an SM is one
+// wave (gate/up, which fills three CTAs an SM with several tiles each, lost 8.6 % with two groups
+// in registers at two).
+bool one_wave_of_many_groups(const MmaArgs& a, int row_tiles, int ctas_per_sm, int more_groups_than) {
   if (a.extra.one_group_in_flight || a.extra.sm_count <= 0) return false;
   if (row_tiles > ctas_per_sm * a.extra.sm_count) return false;
   for (int i = 0; i < a.n_segs; ++i)
-    if (a.seg[i].w.cols / 256 <= 2 * kWarps) return false;
+    if (a.seg[i].w.cols / 256 <= more_groups_than) return false;
   return true;
 }
 
@@ -897,14 +899,16 @@ int most_groups(const MmaArgs& a) {
   return groups;
 }
 // The CTAs an SM of the weight ring a one-fragment launch streams its weights through, 0 for none:
-// unless MatVecExtra::weights_in_registers, where many groups fit one wave (many_groups_in_one_wave)
-// at two CTAs an SM (the 7B's down: 207 KB of 228 at q4_K, 197 at q6_K), else at three (the 14B's
-// down and o: +5.7 % against one group in flight, which is all the registers allow there; o alone
-// +1.5 %), and the CTAs' rings fit the SM's shared memory.
+// unless MatVecExtra::weights_in_registers, where some warp streams two groups or more and the
+// tiles fit one wave (one_wave_of_many_groups) at two CTAs an SM (the 7B's down: 207 KB of 228 at
+// q4_K, 197 at q6_K; its o), else at three (the 14B's down and o: +5.6 % against one group in
+// flight, which is all the registers allow there, o alone +1.5 %; the 7B's q/k/v in its q4_K-v
+// layers), and the CTAs' rings fit the SM's shared memory. The 7B's o and q/k/v (14 groups):
+// +1.2 %.
 template <typename Group, int CtasPerSm>
 bool weight_ring_fits(const MmaArgs& a, int row_tiles) {
   using Ring = WeightRing<Group, CtasPerSm>;
-  return many_groups_in_one_wave(a, row_tiles, CtasPerSm) &&
+  return one_wave_of_many_groups(a, row_tiles, CtasPerSm, kWarps) &&
          CtasPerSm * shared_memory_per_cta<1>(Ring::bytes(most_groups(a))) <= shared_memory_per_sm();
 }
 template <typename Group>
@@ -914,8 +918,11 @@ int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
   return weight_ring_fits<Group, 3>(a, row_tiles) ? 3 : 0;
 }
 // Whether a one-fragment launch without a weight ring keeps two groups in flight a warp in
-// registers (matmul_mma_two_groups_kernel, 128 registers: two CTAs an SM).
-bool two_groups_in_registers(const MmaArgs& a, int row_tiles) { return many_groups_in_one_wave(a, row_tiles, 2); }
+// registers (matmul_mma_two_groups_kernel, 128 registers: two CTAs an SM): where every warp streams
+// more than two groups (7B down: +4.1 % at one sequence; o, two groups a warp: ±0).
+bool two_groups_in_registers(const MmaArgs& a, int row_tiles) {
+  return one_wave_of_many_groups(a, row_tiles, 2, 2 * kWarps);
+}
 
 template <typename Group, int CtasPerSm>
 void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) {
