@@ -446,19 +446,21 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
 // decode matmul kernels and several tokens at different positions and cache slots; at one token
 // fragment also with a q4_K v on one SM, where the launch's 48 row tiles take the kernel with the
 // activations in shared memory (the 14B's q/k/v launches in its q4_K-v layers on an H200), and
-// with a q4_K v and rows of 9 groups on 24 and 16 SMs, where they stream through the weight ring
-// at two and three CTAs an SM (the 7B's q/k/v launches in its q4_K-v layers).
+// with a q4_K v and rows of 9 groups on 24, 16 and 12 SMs, where they stream through the weight
+// ring at two, three and four CTAs an SM (the 7B's and the 14B's q/k/v launches in their q4_K-v
+// layers).
 TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
   const int hd = 64, n_head = 8, n_kv = 2, n_slots = 64;
   const int qw = n_head * hd, kvw = n_kv * hd;
   // 3 tokens: one token fragment; 40: a 32-token tile and a part of the next
   for (const auto& [kernel, n] : {std::pair{"matvec", 3}, {"mma", 3}, {"mma shared activations", 3},
-                                  {"mma weight ring", 3}, {"mma weight ring 3 CTAs an SM", 3}, {"matvec", 40},
-                                  {"mma", 40}}) {
+                                  {"mma weight ring", 3}, {"mma weight ring 3 CTAs an SM", 3},
+                                  {"mma weight ring 4 CTAs an SM", 3}, {"matvec", 40}, {"mma", 40}}) {
     const bool mma = std::string(kernel) != "matvec", shared = std::string(kernel) == "mma shared activations";
     const int ring_ctas_per_sm = std::string(kernel) == "mma weight ring"                ? 2
                                  : std::string(kernel) == "mma weight ring 3 CTAs an SM" ? 3
+                                 : std::string(kernel) == "mma weight ring 4 CTAs an SM" ? 4
                                                                                         : 0;
     const int dim = ring_ctas_per_sm ? 9 * 256 : 512;
     for (bool neox : {true, false}) {
@@ -493,7 +495,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       extra.positions = pos.get();
       extra.slots = slots.get();
       extra.kv = {k1.get(), v1.get(), n_kv, hd};
-      extra.sm_count = shared ? 1 : ring_ctas_per_sm == 2 ? 24 : ring_ctas_per_sm == 3 ? 16 : 0;
+      extra.sm_count = shared ? 1 : ring_ctas_per_sm > 0 ? 48 / ring_ctas_per_sm : 0;  // 48 row tiles
       cuda::MatSeg segs[3];
       const cuda::Epilogue epi[3] = {cuda::Epilogue::RopeQ, cuda::Epilogue::RopeK, cuda::Epilogue::StoreV};
       float* outs[3] = {q1.get(), nullptr, nullptr};
@@ -761,15 +763,21 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
 // groups in registers; the 7B's o (14 groups: 1 or 2 a warp) through the ring at two; the 14B's
 // down (5,120 rows of 13,824 columns: 54 groups, 320 row tiles, one wave only at three) and o
 // (5,120 columns: 20 groups), and 201 rows of its down on 5 SMs (13 tiles), through the ring at
-// three CTAs an SM: the bits of one group in flight.
+// three CTAs an SM, and 201 rows of its o on 4 SMs through the ring at four (q4_K; q6_K's stages
+// do not fit four CTAs an SM: one group in flight): the bits of one group in flight.
 TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
   MINFER_REQUIRE_GPU();
-  struct Case { const char* what; int rows, cols, sm_count, ring_ctas_per_sm; bool in_registers; };
+  struct Case {
+    const char* what;
+    int rows, cols, sm_count, ring_ctas_per_sm, q6k_ring_ctas_per_sm;
+    bool in_registers;
+  };
   const int d7 = synth::find_preset("qwen2.5-7b").n_embd, ff7 = synth::find_preset("qwen2.5-7b").n_ff;
   const int d14 = synth::find_preset("qwen2.5-14b").n_embd, ff14 = synth::find_preset("qwen2.5-14b").n_ff;
-  const Case cases[] = {{"7B down", d7, ff7, 132, 2, true},     {"7B down, 201 rows", 201, ff7, 132, 2, true},
-                        {"7B o", d7, d7, 132, 2, false},        {"14B down", d14, ff14, 132, 3, false},
-                        {"14B o", d14, d14, 132, 3, false},     {"14B down, 201 rows", 201, ff14, 5, 3, false}};
+  const Case cases[] = {{"7B down", d7, ff7, 132, 2, 2, true},      {"7B down, 201 rows", 201, ff7, 132, 2, 2, true},
+                        {"7B o", d7, d7, 132, 2, 2, false},         {"14B down", d14, ff14, 132, 3, 3, false},
+                        {"14B o", d14, d14, 132, 3, 3, false},      {"14B down, 201 rows", 201, ff14, 5, 3, 3, false},
+                        {"14B o, 201 rows", 201, d14, 4, 4, 0, false}};
   const int max_tokens = 8;
   for (const Case& c : cases) {
     cuda::MatVecExtra ring, registers, one;
@@ -788,7 +796,9 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
       seg.bias = bias.get();
       seg.residual = residual.get();
       const std::string what = std::string(c.what) + ", " + type_traits(type).name;
-      ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, ring), c.ring_ctas_per_sm) << what;
+      ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, ring),
+                type == GgmlType::Q6_K ? c.q6k_ring_ctas_per_sm : c.ring_ctas_per_sm)
+          << what;
       ASSERT_FALSE(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, ring)) << what;
       ASSERT_EQ(cuda::matmul_mma_two_groups_in_flight(&seg, 1, 1, registers), c.in_registers) << what;
       ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, registers), 0) << what;

@@ -230,13 +230,13 @@ struct MatVecExtra {
   bool launch_per_type = false;
   // The tensor-core decode matmul at one token fragment keeps more than one group's weights in
   // flight a warp where its rows have more groups than the CTA's 8 streams and the row tiles fit
-  // one wave at two or three CTAs an SM (down, o, the 7B's q/k/v), unless this is set: one group.
+  // one wave at two to four CTAs an SM (down, o, q/k/v), unless this is set: one group.
   // The same bits.
   bool one_group_in_flight = false;
   // There that matmul streams the tile's weights through a ring of stages in shared memory (bulk
-  // copies, matmul_mma_weight_ring_kernel, at two CTAs an SM or else three) unless this is set:
-  // two groups in registers where every warp streams more than two and the tiles fit one wave at
-  // two CTAs an SM (the 7B's down), else one. The same bits.
+  // copies, matmul_mma_weight_ring_kernel, at two CTAs an SM, else three, else four) unless this
+  // is set: two groups in registers where every warp streams more than two and the tiles fit one
+  // wave at two CTAs an SM (the 7B's down), else one. The same bits.
   bool weights_in_registers = false;
   // The tensor-core decode matmul at one token fragment copies the activations into each CTA's
   // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,
@@ -268,7 +268,7 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with two groups'
 // weights in flight a warp in registers (MatVecExtra::one_group_in_flight, weights_in_registers).
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
-// The CTAs an SM (2 or 3) at which launch_matmul_mma runs these segments (one k-quant type, <= 8
+// The CTAs an SM (2 to 4) at which launch_matmul_mma runs these segments (one k-quant type, <= 8
 // tokens) with their weights through a ring in shared memory (MatVecExtra::weights_in_registers);
 // 0 where it does not.
 int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);

@@ -701,16 +701,17 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
 // At two CTAs an SM a CTA has 12 warps (more warps than streams, so that the groups' chains
 // overlap: +1.9 % on the 7B against 8; 16 gave ±0), and behind the stages lie the terms of the
 // tile's groups (a warp's 32 lanes x 4 floats a group) until the streams are folded. At three (row
-// tiles that do not fit one wave at two: the 14B's down and o, the 7B's q/k/v) it has 8 warps,
-// warp w summing stream w in registers, and no terms (27.6 KB of them at 54 groups would not fit).
-// The 7B's down at three: −0.9 % at one sequence, −6 % at eight.
+// tiles that do not fit one wave at two: the 14B's down and o, the 7B's q/k/v) and four (the 14B's
+// q/k/v: +0.45 %; 64 registers, two stages) it has 8 warps, warp w summing stream w in registers,
+// and no terms (27.6 KB of them at 54 groups would not fit). The 7B's down at three: −0.9 % at one
+// sequence, −6 % at eight.
 template <typename Group, int CtasPerSm>
 struct WeightRing {
-  static_assert(CtasPerSm == 2 || CtasPerSm == 3, "a ring's CTAs an SM: 2 or 3");
+  static_assert(CtasPerSm >= 2 && CtasPerSm <= 4, "a ring's CTAs an SM: 2, 3 or 4");
   static constexpr int kWarpsACta = CtasPerSm == 2 ? 12 : kWarps;
   static constexpr int kThreadsACta = kWarpsACta * 32;
   static constexpr bool kTermsInShared = kWarpsACta != kWarps;
-  static constexpr int kStages = std::is_same_v<Group, GroupQ6K> ? 2 : 3;
+  static constexpr int kStages = std::is_same_v<Group, GroupQ6K> || CtasPerSm == 4 ? 2 : 3;
   static constexpr int kRoundBytes = kWarps * Group::kGroupBytes;
   static_assert(kRoundBytes % 16 == 0, "rounds start at a row's offset modulo 16");
   // Rows gid 0..7 on distinct banks: q4_K / q5_K read 8-byte words (a half-warp is four rows of
@@ -903,8 +904,11 @@ int most_groups(const MmaArgs& a) {
 // tiles fit one wave (one_wave_of_many_groups) at two CTAs an SM (the 7B's down: 207 KB of 228 at
 // q4_K, 197 at q6_K; its o), else at three (the 14B's down and o: +5.6 % against one group in
 // flight, which is all the registers allow there, o alone +1.5 %; the 7B's q/k/v in its q4_K-v
-// layers), and the CTAs' rings fit the SM's shared memory. The 7B's o and q/k/v (14 groups):
-// +1.2 %.
+// layers), else at four (the 14B's q/k/v in its q4_K-v layers), and the CTAs' rings fit the SM's
+// shared memory. The 7B's o and q/k/v (14 groups): +1.2 %.
+// The most CTAs an SM a type's ring runs at: q6_K's two stages of 28.9 KB do not fit four.
+template <typename Group>
+constexpr int kMostRingCtasPerSm = std::is_same_v<Group, GroupQ6K> ? 3 : 4;
 template <typename Group, int CtasPerSm>
 bool weight_ring_fits(const MmaArgs& a, int row_tiles) {
   using Ring = WeightRing<Group, CtasPerSm>;
@@ -915,7 +919,10 @@ template <typename Group>
 int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
   if (a.extra.weights_in_registers) return 0;
   if (weight_ring_fits<Group, 2>(a, row_tiles)) return 2;
-  return weight_ring_fits<Group, 3>(a, row_tiles) ? 3 : 0;
+  if (weight_ring_fits<Group, 3>(a, row_tiles)) return 3;
+  if constexpr (kMostRingCtasPerSm<Group> == 4)
+    if (weight_ring_fits<Group, 4>(a, row_tiles)) return 4;
+  return 0;
 }
 // Whether a one-fragment launch without a weight ring keeps two groups in flight a warp in
 // registers (matmul_mma_two_groups_kernel, 128 registers: two CTAs an SM): where every warp streams
@@ -942,6 +949,9 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
       switch (weight_ring_ctas_per_sm<Group>(a, row_tiles)) {
         case 2: return launch_weight_ring<Group, 2>(a, row_tiles, s);
         case 3: return launch_weight_ring<Group, 3>(a, row_tiles, s);
+        case 4:
+          if constexpr (kMostRingCtasPerSm<Group> == 4) return launch_weight_ring<Group, 4>(a, row_tiles, s);
+          break;
         default: break;
       }
       if (two_groups_in_registers(a, row_tiles))
