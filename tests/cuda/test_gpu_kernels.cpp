@@ -444,11 +444,10 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
 
 // The qkv launch's rope and KV-cache epilogues against matvec + rope kernel + kv_append, for both
 // decode matmul kernels and several tokens at different positions and cache slots; at one token
-// fragment also with a q4_K v on one SM, where the launch's 48 row tiles take the kernel with the
-// activations in shared memory (the 14B's q/k/v launches in its q4_K-v layers on an H200), and
-// with a q4_K v and rows of 9 groups on 24, 16 and 12 SMs, where they stream through the weight
-// ring at two, three and four CTAs an SM (the 7B's and the 14B's q/k/v launches in their q4_K-v
-// layers).
+// fragment also with a q4_K v on one SM, where the launch's 48 row tiles of 2 groups take the
+// kernel with the activations in shared memory, and with a q4_K v and rows of 9 groups on 24, 16
+// and 12 SMs, where they stream through the weight ring at two, three and four CTAs an SM (the 7B's
+// and the 14B's q/k/v launches in their q4_K-v layers on an H200).
 TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
   MINFER_REQUIRE_GPU();
   const int hd = 64, n_head = 8, n_kv = 2, n_slots = 64;

@@ -1066,7 +1066,10 @@ int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tok
 
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
   return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-    return decltype(group)::type::kSharedActivations && shared_activations(a, row_tiles);
+    using Group = typename decltype(group)::type;
+    if constexpr (Group::kSharedActivations)  // launch_group tries the weight ring first
+      return weight_ring_ctas_per_sm<Group>(a, row_tiles) == 0 && shared_activations(a, row_tiles);
+    return false;
   });
 }
 
