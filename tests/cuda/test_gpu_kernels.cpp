@@ -619,25 +619,30 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, with
     // two groups in flight a warp in registers (rows of more than 16 groups, on 132 SMs), with the
     // weights streamed through the weight ring (rows of more than 8 groups: on 132 SMs at two CTAs
-    // an SM; 3 row tiles on one SM, at three), and with the activations in shared memory (q4_K
-    // rows of <= 6,144 columns, more row tiles than 3 CTAs an SM take at once on one SM).
-    cuda::MatVecExtra three_ctas, on_132_sms, in_registers_on_132_sms, on_one_sm;
+    // an SM; 3 row tiles on one SM, at three; q4_K, more than 4 row tiles on one SM, over several
+    // tiles a CTA at four), and with the activations in shared memory (q4_K rows of <= 6,144
+    // columns, more row tiles than 3 CTAs an SM take at once on one SM, without the ring).
+    cuda::MatVecExtra three_ctas, on_132_sms, in_registers_on_132_sms, on_one_sm, in_registers_on_one_sm;
     three_ctas.decode_ctas = 3;
     on_132_sms.sm_count = in_registers_on_132_sms.sm_count = 132;
-    in_registers_on_132_sms.weights_in_registers = true;
-    on_one_sm.sm_count = 1;
+    in_registers_on_132_sms.weights_in_registers = in_registers_on_one_sm.weights_in_registers = true;
+    on_one_sm.sm_count = in_registers_on_one_sm.sm_count = 1;
     for (const char* kernel : {"matvec", "mma", "mma 3 CTAs", "mma two groups", "mma weight ring",
-                               "mma weight ring 3 CTAs an SM", "mma shared activations", "wgmma"})
+                               "mma weight ring 3 CTAs an SM", "mma weight ring over tiles", "mma shared activations",
+                               "wgmma"})
       for (int n : {1, 2, 5, 8, 9, 16, 17, 33, 40, 64, 70}) {
         const bool wgmma_kernel = std::string(kernel) == "wgmma", few_ctas = std::string(kernel) == "mma 3 CTAs";
         const bool two_groups = std::string(kernel) == "mma two groups", ring = std::string(kernel) == "mma weight ring";
         const bool ring3 = std::string(kernel) == "mma weight ring 3 CTAs an SM";
+        const bool ring_over_tiles = std::string(kernel) == "mma weight ring over tiles";
         const bool shared = std::string(kernel) == "mma shared activations";
         if (wgmma_kernel && !(has_wgmma && n >= cuda::kWgmmaMinTokens && n <= 64)) continue;
         if (few_ctas && n > 8) continue;
         if (two_groups && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
         if (ring && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 8 * 256)) continue;
         if (ring3 && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 8 * 256 || (sh.rows + 15) / 16 != 3)) continue;
+        if (ring_over_tiles && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols <= 8 * 256 || (sh.rows + 15) / 16 <= 4))
+          continue;
         if (shared && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols > 6144)) continue;
         cuda::MatSeg seg;
         seg.w = {sh.t, sh.rows, sh.cols, dw.get()};
@@ -660,9 +665,12 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         } else if (ring3) {
           ASSERT_EQ(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, n, on_one_sm), 3);
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_one_sm, nullptr);
-        } else if (shared) {
-          ASSERT_TRUE(cuda::matmul_mma_shared_activations(&seg, 1, n, on_one_sm));
+        } else if (ring_over_tiles) {
+          ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(&seg, 1, n, on_one_sm));
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, on_one_sm, nullptr);
+        } else if (shared) {
+          ASSERT_TRUE(cuda::matmul_mma_shared_activations(&seg, 1, n, in_registers_on_one_sm));
+          cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, in_registers_on_one_sm, nullptr);
         } else if (std::string(kernel) == "mma") {
           cuda::launch_matmul_mma(&seg, 1, dxq.plane, n, {}, nullptr);
         } else {
@@ -713,14 +721,17 @@ struct GateUp {
   }
 };
 
-// The 7B's gate+up launch (2,368 row tiles) and head (9,504) at 1 and 8 tokens: with CTAs taking
-// several row tiles each (the backend's launch on an H200's 132 SMs) the bits of one CTA a row tile.
+// The 7B's gate+up launch (2,368 row tiles) and head (9,504) at 1, 5 and 8 tokens: with CTAs
+// taking several row tiles each (the backend's launch on an H200's 132 SMs: gate+up through the
+// weight ring at four CTAs an SM, and with the weights in registers; the head in registers) the
+// bits of one CTA a row tile.
 TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   MINFER_REQUIRE_GPU();
   const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
-  cuda::MatVecExtra several, one_a_tile;
-  several.sm_count = 132;
-  several.activations_from_global = true;
+  cuda::MatVecExtra several, in_registers, one_a_tile;
+  several.sm_count = in_registers.sm_count = 132;
+  several.activations_from_global = in_registers.activations_from_global = true;
+  in_registers.weights_in_registers = true;
   one_a_tile.decode_ctas = -1;
   const int cols = preset.n_embd;
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
@@ -729,19 +740,26 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
       cuda::device_layout(GgmlType::Q6_K, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
   cuda::MatSeg head_seg;
   head_seg.w = {GgmlType::Q6_K, preset.n_vocab, cols, head.get()};
-  for (int n : {1, 8}) {
-    expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, several, one_a_tile, "q4_K gate+up");
+  ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, several));
+  ASSERT_FALSE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, in_registers));
+  ASSERT_FALSE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, one_a_tile));
+  ASSERT_FALSE(cuda::matmul_mma_weight_ring_over_tiles(&head_seg, 1, 1, several));
+  for (int n : {1, 5, 8}) {
+    expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, several, one_a_tile, "q4_K gate+up, ring");
+    expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, in_registers, one_a_tile, "q4_K gate+up");
     expect_same_decode_matmul_bits({head_seg}, plane.plane, n, several, one_a_tile, "q6_K head");
   }
 }
 
 // The 7B's and the 14B's gate+up launches (q4_K, 3,584 and 5,120 columns) at 1, 5 and 8 tokens:
 // with the activations in each CTA's shared memory at four CTAs an SM (the backend's launch on an
-// H200's 132 SMs) the bits of B from global memory.
+// H200's 132 SMs without the weight ring) the bits of B from global memory; and through the
+// weight ring over several tiles a CTA (the backend's launch) the same bits.
 TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
   MINFER_REQUIRE_GPU();
-  cuda::MatVecExtra shared, global;
-  shared.sm_count = global.sm_count = 132;
+  cuda::MatVecExtra shared, global, ring;
+  shared.sm_count = global.sm_count = ring.sm_count = 132;
+  shared.weights_in_registers = global.weights_in_registers = true;
   global.activations_from_global = true;
   for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
     const synth::Preset& preset = synth::find_preset(name);
@@ -750,7 +768,12 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
     const GateUp gate_up(preset, 251);
     ASSERT_TRUE(cuda::matmul_mma_shared_activations(gate_up.segs.data(), 2, 1, shared)) << name;
     ASSERT_FALSE(cuda::matmul_mma_shared_activations(gate_up.segs.data(), 2, 1, global)) << name;
-    for (int n : {1, 5, 8}) expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, shared, global, name);
+    ASSERT_FALSE(cuda::matmul_mma_shared_activations(gate_up.segs.data(), 2, 1, ring)) << name;
+    ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, ring)) << name;
+    for (int n : {1, 5, 8}) {
+      expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, shared, global, name);
+      expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, ring, global, std::string(name) + ", ring");
+    }
   }
 }
 

@@ -117,7 +117,7 @@ struct CudaBackend::Impl {
   const bool two_groups_in_flight = !env_flag("MINFER_NO_TWO_GROUPS_IN_FLIGHT");
   // MINFER_NO_WEIGHT_RING: where that matmul would stream a tile's weights through shared memory,
   // it holds two groups in registers (MatVecExtra::weights_in_registers) where that was measured
-  // to pay (the 7B's down), else one group.
+  // to pay (the 7B's down), else one group; gate/up copies its activations into shared memory.
   const bool weight_ring = !env_flag("MINFER_NO_WEIGHT_RING");
   // MINFER_NO_SHARED_ACTIVATIONS: that matmul reads its activations from global memory
   // (MatVecExtra::activations_from_global) where it would copy them into shared memory (gate/up).

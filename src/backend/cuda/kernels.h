@@ -236,7 +236,9 @@ struct MatVecExtra {
   // There that matmul streams the tile's weights through a ring of stages in shared memory (bulk
   // copies, matmul_mma_weight_ring_kernel, at two CTAs an SM, else three, else four) unless this
   // is set: two groups in registers where every warp streams more than two and the tiles fit one
-  // wave at two CTAs an SM (the 7B's down), else one. The same bits.
+  // wave at two CTAs an SM (the 7B's down), else one. So do q4_K launches of more tiles than four
+  // CTAs an SM hold (gate/up), four CTAs an SM each taking several tiles, unless this is set: the
+  // activations in shared memory. The same bits.
   bool weights_in_registers = false;
   // The tensor-core decode matmul at one token fragment copies the activations into each CTA's
   // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,
@@ -272,6 +274,10 @@ bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_token
 // tokens) with their weights through a ring in shared memory (MatVecExtra::weights_in_registers);
 // 0 where it does not.
 int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with their weights
+// through a ring in shared memory over several row tiles a CTA (gate/up;
+// MatVecExtra::weights_in_registers).
+bool matmul_mma_weight_ring_over_tiles(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with the
 // activations in shared memory (MatVecExtra::activations_from_global).
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);

@@ -163,6 +163,9 @@ struct GroupQK45 {
   // At one fragment with B from shared memory (matmul_mma_shared_activations_kernel): q4_K, in 64
   // registers without spills; q5_K not measured.
   static constexpr bool kSharedActivations = !Q5;
+  // At one fragment, the weight ring over several row tiles a CTA (gate/up): q4_K; q5_K not
+  // measured.
+  static constexpr bool kRingOverTiles = !Q5;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kBytes;
   }
@@ -258,6 +261,7 @@ struct GroupQ6K {
   static constexpr bool kSeveralTilesACta = true;
   static constexpr bool kTwoGroupsInFlight = true;
   static constexpr bool kSharedActivations = false;  // 64 registers spill 70-98 bytes
+  static constexpr bool kRingOverTiles = false;  // at four CTAs an SM its stages do not fit
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kQ6KDeviceBlockBytes;
   }
@@ -331,6 +335,7 @@ struct GroupQ8 {
   static constexpr bool kSeveralTilesACta = false;
   static constexpr bool kTwoGroupsInFlight = false;
   static constexpr bool kSharedActivations = false;
+  static constexpr bool kRingOverTiles = false;
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 32) + 8 * g) * 34;
   }
@@ -723,45 +728,58 @@ struct WeightRing {
   // Dynamic shared memory for rows of `groups` groups: the stages, the terms, and a barrier and a
   // read count a round (a round's own barrier, so that a warp that skips rounds never reads a
   // phase of its stage's barrier that belongs to another round).
-  static constexpr int bytes(int groups) {
-    return kStages * kStageBytes + (kTermsInShared ? groups * kTermBytes : 0) + rounds(groups) * (8 + 4);
+  static constexpr int bytes(int groups, int tiles = 1) {
+    return kStages * kStageBytes + (kTermsInShared ? groups * kTermBytes : 0) + tiles * rounds(groups) * (8 + 4);
   }
 };
 
 // One row tile a CTA at one token fragment, its weights streamed through WeightRing and its groups
 // dealt over WeightRing::kWarpsACta warps (group g to warp g % kWarpsACta), for launches whose rows
 // have more groups than a CTA's 8 streams (down: 74 at K = 18944; o and q/k/v: 14 at 3584) and
-// whose tiles fit one wave at CtasPerSm CTAs an SM.
+// whose tiles fit one wave at CtasPerSm CTAs an SM. kSeveralTiles: CTA b takes row tiles b,
+// b + gridDim.x, ... (gate/up), its rounds one sequence over them, so that the next tile's rounds
+// stream in while this one's streams are joined.
 // With more warps than streams each group's term goes to shared memory (0 + t is t for every term
 // a stream can add: a -0 becomes +0, which adds the same to a sum that is never -0) and warps
 // 0..7 then add stream w's terms in group order; with 8, warp w adds its groups' terms in order
 // itself. Either way the bits are those of every other kernel.
-// REQUIRES: one row tile a CTA, <= 8 tokens, blockDim.x == Ring::kThreadsACta and
-// CtasPerSm CTAs an SM (the launch bounds); dynamic shared memory of Ring::bytes(groups);
-// every row holds whole groups; the weights readable up to 15 bytes past their last row (the
-// arena's slack, weights.cpp).
-template <typename Group, int CtasPerSm>
+// REQUIRES: <= 8 tokens; one row tile a CTA, or with kSeveralTiles gridDim.x <= the row tiles and
+// every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
+// launch bounds); dynamic shared memory of Ring::bytes(groups, the most tiles a CTA takes); every
+// row holds whole groups; the weights readable up to 15 bytes past their last row (the arena's
+// slack, weights.cpp).
+template <typename Group, int CtasPerSm, bool kSeveralTiles>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
   using Ring = WeightRing<Group, CtasPerSm>;
   __shared__ float red[kReduceFloats<1>];
   extern __shared__ __align__(128) uint8_t ring_stages[];
-  const Item it = item_at<1>(a, int(blockIdx.x));
-  const MatSeg& seg = a.seg[it.si];
-  const DevMat& m = seg.w;
+  // The CTA's k-th row tile (tile blockIdx.x + k gridDim.x) and its round r are the CTA's round
+  // q = k n_rounds + r.
+  const auto item_of = [&](int k) { return item_at<1>(a, int(blockIdx.x) + k * int(gridDim.x)); };
+  const Item first = item_of(0);
+  const MatSeg& first_seg = a.seg[first.si];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-  const int n_groups = m.cols / 256, n_rounds = Ring::rounds(n_groups);
+  const int n_items = a.first_block[a.n_segs];
+  const int my_tiles = kSeveralTiles ? (n_items - int(blockIdx.x) + int(gridDim.x) - 1) / int(gridDim.x) : 1;
+  const int n_groups = first_seg.w.cols / 256, n_rounds = Ring::rounds(n_groups);
+  const int my_rounds = my_tiles * n_rounds;
   const uint32_t stages = shared_address(ring_stages);
   float4* terms = reinterpret_cast<float4*>(ring_stages + Ring::kStages * Ring::kStageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(terms + (Ring::kTermsInShared ? n_groups * 32 : 0));  // [round]
-  int* released = reinterpret_cast<int*>(full + n_rounds);              // [round]
-  // Round r into its stage by lanes 0..15 of the calling warp, a tile row each.
-  const int copy_row = tile_load_row(seg, a.extra, it.tile, lane % kTileRows);
-  const auto issue = [&](int r) {
-    const int st = r % Ring::kStages;
-    const uint32_t bar = shared_address(&full[r]);
+  int* released = reinterpret_cast<int*>(full + my_rounds);              // [round]
+  // Round q into its stage by lanes 0..15 of the calling warp, a tile row each.
+  const int first_copy_row = tile_load_row(first_seg, a.extra, first.tile, lane % kTileRows);
+  const auto issue = [&](int q) {
+    const int st = q % Ring::kStages, r = kSeveralTiles ? q % n_rounds : q;
+    const uint32_t bar = shared_address(&full[q]);
     if (lane < kTileRows) {
-      const uint8_t* src = Group::group_base(m, copy_row, kWarps * r);
+      const uint8_t* src = Group::group_base(first_seg.w, first_copy_row, kWarps * r);
+      if constexpr (kSeveralTiles) {
+        const Item it = item_of(q / n_rounds);
+        const MatSeg& seg = a.seg[it.si];
+        src = Group::group_base(seg.w, tile_load_row(seg, a.extra, it.tile, lane), kWarps * r);
+      }
       const int skew = int(reinterpret_cast<uintptr_t>(src) & 15);
       const int bytes = (skew + min(kWarps, n_groups - kWarps * r) * Group::kGroupBytes + 15) / 16 * 16;
       mbarrier_expect_tx(bar, uint32_t(bytes));
@@ -770,62 +788,70 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     }
   };
   if (threadIdx.x == 0) {
-    for (int r = 0; r < n_rounds; ++r) mbarrier_init(shared_address(&full[r]), kTileRows), released[r] = 0;
+    for (int q = 0; q < my_rounds; ++q) mbarrier_init(shared_address(&full[q]), kTileRows), released[q] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
   // The first rounds depend on no earlier kernel: they stream in during its tail.
   if (warp == 0)
-    for (int r = 0; r < Ring::kStages && r < n_rounds; ++r) issue(r);
+    for (int q = 0; q < Ring::kStages && q < my_rounds; ++q) issue(q);
   await_predecessor();
-  // The thread's rows in a stage: tile rows gid and gid + 8, each at its row's skew.
-  const int R[2] = {tile_load_row(seg, a.extra, it.tile, gid), tile_load_row(seg, a.extra, it.tile, gid + 8)};
-  uint32_t row_at[2];
+  for (int k = 0; k < my_tiles; ++k) {
+    const Item it = kSeveralTiles ? item_of(k) : first;
+    const MatSeg& seg = a.seg[it.si];
+    const DevMat& m = seg.w;
+    // The thread's rows in a stage: tile rows gid and gid + 8, each at its row's skew.
+    const int R[2] = {tile_load_row(seg, a.extra, it.tile, gid), tile_load_row(seg, a.extra, it.tile, gid + 8)};
+    uint32_t row_at[2];
 #pragma unroll
-  for (int k = 0; k < 2; ++k)
-    row_at[k] = stages + (gid + 8 * k) * Ring::kPitch +
-                uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[k], 0)) & 15);
-  const uint8_t* b_tile = it.tok.plane.block_quants(it.tok.first, 0) + 32 * gid;
-  // Every group of a round is read by one warp, each warp taking its groups in order, so the
-  // round holding the lowest unread group is always in its stage: no warp waits on a round that
-  // a waiting warp holds back. A warp may skip rounds (12 warps, 8 groups a round).
-  float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};  // stream `warp` (8 warps)
-  for (int g = warp; g < n_groups; g += Ring::kWarpsACta) {
-    const int r = g / kWarps, st = r % Ring::kStages;
-    mbarrier_wait(shared_address(&full[r]), 0);
-    Group cur;
-    const uint32_t at = st * Ring::kStageBytes + (g % kWarps) * Group::kGroupBytes;
+    for (int i = 0; i < 2; ++i)
+      row_at[i] = stages + (gid + 8 * i) * Ring::kPitch +
+                  uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[i], 0)) & 15);
+    const uint8_t* b_tile = it.tok.plane.block_quants(it.tok.first, 0) + 32 * gid;
+    // Every group of a round is read by one warp, each warp taking its groups in order (a tile's
+    // before the next tile's, past the join's barriers), so the round holding the lowest unread
+    // group is always in its stage: no warp waits on a round that a waiting warp holds back. A
+    // warp may skip rounds (12 warps, 8 groups a round).
+    float acc[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};  // stream `warp` (8 warps)
+    for (int g = warp; g < n_groups; g += Ring::kWarpsACta) {
+      const int r = g / kWarps, q = k * n_rounds + r, st = q % Ring::kStages;
+      mbarrier_wait(shared_address(&full[q]), 0);
+      Group cur;
+      const uint32_t at = st * Ring::kStageBytes + (g % kWarps) * Group::kGroupBytes;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) cur.template load_row<FromShared>(k, row_at[k] + at, tid);
-    __syncwarp();
-    // The round's last reader refills its stage with round r + kStages (only the last round can
-    // have fewer than kWarps groups, and it is followed by none).
-    int last = 0;
-    if (lane == 0) last = shared_fetch_add_acq_rel(&released[r], 1) == kWarps - 1;
-    if (__shfl_sync(0xffffffffu, last, 0) && r + Ring::kStages < n_rounds) {
-      fence_proxy_async_shared();
-      issue(r + Ring::kStages);
+      for (int i = 0; i < 2; ++i) cur.template load_row<FromShared>(i, row_at[i] + at, tid);
+      __syncwarp();
+      // The round's last reader refills its stage with round q + kStages (of one tile, only the
+      // last round can have fewer than kWarps groups, and it is followed by none).
+      const int readers = kSeveralTiles ? min(kWarps, n_groups - kWarps * r) : kWarps;
+      int last = 0;
+      if (lane == 0) last = shared_fetch_add_acq_rel(&released[q], 1) == readers - 1;
+      if (__shfl_sync(0xffffffffu, last, 0) && q + Ring::kStages < my_rounds) {
+        fence_proxy_async_shared();
+        issue(q + Ring::kStages);
+      }
+      if constexpr (Ring::kTermsInShared) {
+        float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
+        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, term);
+        terms[g * 32 + lane] = make_float4(term[0][0], term[0][1], term[0][2], term[0][3]);
+      } else {
+        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, acc);
+      }
     }
     if constexpr (Ring::kTermsInShared) {
-      float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-      add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, term);
-      terms[g * 32 + lane] = make_float4(term[0][0], term[0][1], term[0][2], term[0][3]);
-    } else {
-      add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, acc);
+      __syncthreads();
+      if (warp < kWarps)
+        for (int g = warp; g < n_groups; g += kWarps) {
+          const float4 t = terms[g * 32 + lane];
+          acc[0][0] = __fadd_rn(acc[0][0], t.x), acc[0][1] = __fadd_rn(acc[0][1], t.y);
+          acc[0][2] = __fadd_rn(acc[0][2], t.z), acc[0][3] = __fadd_rn(acc[0][3], t.w);
+        }
     }
-  }
-  if constexpr (Ring::kTermsInShared) {
+    if (warp < kWarps) streams_to_red<1>(acc, red);
     __syncthreads();
-    if (warp < kWarps)
-      for (int g = warp; g < n_groups; g += kWarps) {
-        const float4 t = terms[g * 32 + lane];
-        acc[0][0] = __fadd_rn(acc[0][0], t.x), acc[0][1] = __fadd_rn(acc[0][1], t.y);
-        acc[0][2] = __fadd_rn(acc[0][2], t.z), acc[0][3] = __fadd_rn(acc[0][3], t.w);
-      }
+    join_streams<1>(a, seg, it.tile, it.tok, red);
+    if (kSeveralTiles && k + 1 < my_tiles) __syncthreads();  // red and the terms are the next tile's
   }
-  if (warp < kWarps) streams_to_red<1>(acc, red);
-  __syncthreads();
-  join_streams<1>(a, seg, it.tile, it.tok, red);
 }
 
 // The current device's shared memory an SM (0 where it cannot be read).
@@ -885,12 +911,15 @@ bool one_wave_of_many_groups(const MmaArgs& a, int row_tiles, int ctas_per_sm, i
 // row tiles each (more tiles than three CTAs an SM: gate/up, where the copy of the activations
 // serves several tiles; o, one tile a CTA, lost 3.6 % on the 7B) and every segment has the same
 // cols, at most kSharedActivationsMaxCols.
+bool same_cols(const MmaArgs& a) {
+  for (int i = 0; i < a.n_segs; ++i)
+    if (a.seg[i].w.cols != a.seg[0].w.cols) return false;
+  return true;
+}
 bool shared_activations(const MmaArgs& a, int row_tiles) {
   if (a.extra.activations_from_global || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
   if (row_tiles <= kCtasPerSm<1> * a.extra.sm_count) return false;
-  for (int i = 0; i < a.n_segs; ++i)
-    if (a.seg[i].w.cols != a.seg[0].w.cols) return false;
-  return a.seg[0].w.cols <= kSharedActivationsMaxCols;
+  return same_cols(a) && a.seg[0].w.cols <= kSharedActivationsMaxCols;
 }
 
 // The groups of the launch's longest rows.
@@ -899,16 +928,16 @@ int most_groups(const MmaArgs& a) {
   for (int i = 0; i < a.n_segs; ++i) groups = std::max(groups, a.seg[i].w.cols / 256);
   return groups;
 }
-// The CTAs an SM of the weight ring a one-fragment launch streams its weights through, 0 for none:
-// unless MatVecExtra::weights_in_registers, where some warp streams two groups or more and the
-// tiles fit one wave (one_wave_of_many_groups) at two CTAs an SM (the 7B's down: 207 KB of 228 at
-// q4_K, 197 at q6_K; its o), else at three (the 14B's down and o: +5.6 % against one group in
-// flight, which is all the registers allow there, o alone +1.5 %; the 7B's q/k/v in its q4_K-v
-// layers), else at four (the 14B's q/k/v in its q4_K-v layers), and the CTAs' rings fit the SM's
-// shared memory. The 7B's o and q/k/v (14 groups): +1.2 %.
 // The most CTAs an SM a type's ring runs at: q6_K's two stages of 28.9 KB do not fit four.
 template <typename Group>
 constexpr int kMostRingCtasPerSm = std::is_same_v<Group, GroupQ6K> ? 3 : 4;
+// The CTAs an SM of the weight ring a one-fragment launch streams its weights through, one tile a
+// CTA, 0 for none: unless MatVecExtra::weights_in_registers, where some warp streams two groups or
+// more and the tiles fit one wave (one_wave_of_many_groups) at two CTAs an SM (the 7B's down: 207
+// KB of 228 at q4_K, 197 at q6_K; its o), else at three (the 14B's down and o: +5.6 % against one
+// group in flight, which is all the registers allow there, o alone +1.5 %; the 7B's q/k/v in its
+// q4_K-v layers), else at four (the 14B's q/k/v in its q4_K-v layers), and the CTAs' rings fit the
+// SM's shared memory. The 7B's o and q/k/v (14 groups): +1.2 %.
 template <typename Group, int CtasPerSm>
 bool weight_ring_fits(const MmaArgs& a, int row_tiles) {
   using Ring = WeightRing<Group, CtasPerSm>;
@@ -924,6 +953,24 @@ int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
     if (weight_ring_fits<Group, 4>(a, row_tiles)) return 4;
   return 0;
 }
+// Whether a one-fragment launch of more row tiles than four CTAs an SM take streams its weights
+// through the weight ring over several tiles a CTA (4 × SMs CTAs, CTA b taking tiles b, b + grid,
+// ..., its next tile's rounds streaming in during this one's join): unless
+// MatVecExtra::weights_in_registers or decode_ctas, for types with Group::kRingOverTiles, rows of
+// more than 8 groups, every segment of the same cols, where the CTAs' rings fit the SM's shared
+// memory (gate/up: +1.5 % on the 7B, +1.7 % on the 14B against the activations in shared memory;
+// at three CTAs an SM −2 %, at two −11 %).
+template <typename Group>
+bool weight_ring_over_tiles(const MmaArgs& a, int row_tiles) {
+  if (a.extra.weights_in_registers || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
+  if (row_tiles <= 4 * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps) return false;
+  if constexpr (Group::kRingOverTiles) {
+    const int tiles = (row_tiles + 4 * a.extra.sm_count - 1) / (4 * a.extra.sm_count);
+    return 4 * shared_memory_per_cta<1>(WeightRing<Group, 4>::bytes(a.seg[0].w.cols / 256, tiles)) <=
+           shared_memory_per_sm();
+  }
+  return false;
+}
 // Whether a one-fragment launch without a weight ring keeps two groups in flight a warp in
 // registers (matmul_mma_two_groups_kernel, 128 registers: two CTAs an SM): where every warp streams
 // more than two groups (7B down: +4.1 % at one sequence; o, two groups a warp: ±0).
@@ -934,8 +981,15 @@ bool two_groups_in_registers(const MmaArgs& a, int row_tiles) {
 template <typename Group, int CtasPerSm>
 void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   using Ring = WeightRing<Group, CtasPerSm>;
-  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, CtasPerSm>, a, row_tiles, s, CtasPerSm,
+  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, CtasPerSm, false>, a, row_tiles, s, CtasPerSm,
                 Ring::bytes(most_groups(a)), Ring::kThreadsACta);
+}
+template <typename Group>
+void launch_weight_ring_over_tiles(const MmaArgs& a, int row_tiles, const KernelStream& s) {
+  using Ring = WeightRing<Group, 4>;
+  const int grid = 4 * a.extra.sm_count, tiles = (row_tiles + grid - 1) / grid;
+  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, 4, true>, a, grid, s, 4,
+                Ring::bytes(a.seg[0].w.cols / 256, tiles), Ring::kThreadsACta);
 }
 
 template <typename Group>
@@ -957,6 +1011,8 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
       if (two_groups_in_registers(a, row_tiles))
         return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
     }
+    if constexpr (Group::kRingOverTiles)
+      if (weight_ring_over_tiles<Group>(a, row_tiles)) return launch_weight_ring_over_tiles<Group>(a, row_tiles, s);
     if constexpr (Group::kSharedActivations)
       if (shared_activations(a, row_tiles))
         return launch_mma<1>(matmul_mma_shared_activations_kernel<Group>, a,
@@ -1067,9 +1123,16 @@ int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tok
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
   return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
     using Group = typename decltype(group)::type;
-    if constexpr (Group::kSharedActivations)  // launch_group tries the weight ring first
-      return weight_ring_ctas_per_sm<Group>(a, row_tiles) == 0 && shared_activations(a, row_tiles);
+    if constexpr (Group::kSharedActivations)  // launch_group tries the weight rings first
+      return weight_ring_ctas_per_sm<Group>(a, row_tiles) == 0 && !weight_ring_over_tiles<Group>(a, row_tiles) &&
+             shared_activations(a, row_tiles);
     return false;
+  });
+}
+
+bool matmul_mma_weight_ring_over_tiles(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
+    return weight_ring_over_tiles<typename decltype(group)::type>(a, row_tiles);
   });
 }
 
