@@ -6,10 +6,11 @@
 // run, a thread's 8 bytes one aligned load, and every fragment and sub-block of a group an
 // immediate offset from one pointer). Warp w sums stream w of the canonical order
 // (quant/canonical_dot.h): the 256-column groups g = w, w + 8, ... in order, the next group's
-// weight lines prefetched to L2 while this one is multiplied (or, where a tile's rows have many
-// groups at one token fragment, the tile's weights streamed into shared memory by the tensor memory
-// accelerator: matmul_mma_weight_ring_kernel, or the next group's weights already in a second
-// register set: matmul_mma_two_groups_kernel). A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
+// weight lines prefetched to L2 while this one is multiplied (or, where a tile's rows have more
+// groups than the 8 streams at one token fragment, the tile's weights streamed into shared memory
+// by the tensor memory accelerator: matmul_mma_weight_ring_kernel, one tile a CTA or several for
+// gate/up; or the next group's weights already in a second register set:
+// matmul_mma_two_groups_kernel). A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
 // kernel's registers are what its type needs — except q4_K with q6_K at one token fragment, where
 // both kernels have the same registers (matmul_mma_q4k_q6k_kernel).
 // For each sub-block j of a group it unpacks the A fragment once and multiplies it with every token
@@ -907,15 +908,15 @@ bool one_wave_of_many_groups(const MmaArgs& a, int row_tiles, int ctas_per_sm, i
   return true;
 }
 
-// Whether a one-fragment launch takes matmul_mma_shared_activations_kernel: its CTAs take several
-// row tiles each (more tiles than three CTAs an SM: gate/up, where the copy of the activations
-// serves several tiles; o, one tile a CTA, lost 3.6 % on the 7B) and every segment has the same
-// cols, at most kSharedActivationsMaxCols.
 bool same_cols(const MmaArgs& a) {
   for (int i = 0; i < a.n_segs; ++i)
     if (a.seg[i].w.cols != a.seg[0].w.cols) return false;
   return true;
 }
+// Whether a one-fragment launch may take matmul_mma_shared_activations_kernel: its CTAs take
+// several row tiles each (more tiles than three CTAs an SM: gate/up, where the copy of the
+// activations serves several tiles; o, one tile a CTA, lost 3.6 % on the 7B) and every segment
+// has the same cols, at most kSharedActivationsMaxCols (launch_group tries the weight rings first).
 bool shared_activations(const MmaArgs& a, int row_tiles) {
   if (a.extra.activations_from_global || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
   if (row_tiles <= kCtasPerSm<1> * a.extra.sm_count) return false;
