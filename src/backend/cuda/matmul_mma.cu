@@ -775,11 +775,13 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     const int st = q % Ring::kStages, r = kSeveralTiles ? q % n_rounds : q;
     const uint32_t bar = shared_address(&full[q]);
     if (lane < kTileRows) {
-      const uint8_t* src = Group::group_base(first_seg.w, first_copy_row, kWarps * r);
+      const uint8_t* src;
       if constexpr (kSeveralTiles) {
         const Item it = item_of(q / n_rounds);
         const MatSeg& seg = a.seg[it.si];
         src = Group::group_base(seg.w, tile_load_row(seg, a.extra, it.tile, lane), kWarps * r);
+      } else {
+        src = Group::group_base(first_seg.w, first_copy_row, kWarps * r);
       }
       const int skew = int(reinterpret_cast<uintptr_t>(src) & 15);
       const int bytes = (skew + min(kWarps, n_groups - kWarps * r) * Group::kGroupBytes + 15) / 16 * 16;
