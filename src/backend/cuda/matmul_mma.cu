@@ -963,15 +963,22 @@ int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
 // more than 8 groups, every segment of the same cols, where the CTAs' rings fit the SM's shared
 // memory (gate/up: +1.5 % on the 7B, +1.7 % on the 14B against the activations in shared memory;
 // at three CTAs an SM −2 %, at two −11 %).
+constexpr int kRingOverTilesCtasPerSm = 4;
+// The dynamic shared memory of a launch of the ring over tiles: its CTAs take up to
+// ceil(row_tiles / grid) tiles each, a barrier and a read count a round of each.
+template <typename Group>
+int ring_over_tiles_bytes(const MmaArgs& a, int row_tiles) {
+  const int grid = kRingOverTilesCtasPerSm * a.extra.sm_count;
+  return WeightRing<Group, kRingOverTilesCtasPerSm>::bytes(a.seg[0].w.cols / 256, (row_tiles + grid - 1) / grid);
+}
 template <typename Group>
 bool weight_ring_over_tiles(const MmaArgs& a, int row_tiles) {
   if (a.extra.weights_in_registers || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
-  if (row_tiles <= 4 * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps) return false;
-  if constexpr (Group::kRingOverTiles) {
-    const int tiles = (row_tiles + 4 * a.extra.sm_count - 1) / (4 * a.extra.sm_count);
-    return 4 * shared_memory_per_cta<1>(WeightRing<Group, 4>::bytes(a.seg[0].w.cols / 256, tiles)) <=
+  if (row_tiles <= kRingOverTilesCtasPerSm * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps)
+    return false;
+  if constexpr (Group::kRingOverTiles)
+    return kRingOverTilesCtasPerSm * shared_memory_per_cta<1>(ring_over_tiles_bytes<Group>(a, row_tiles)) <=
            shared_memory_per_sm();
-  }
   return false;
 }
 // Whether a one-fragment launch without a weight ring keeps two groups in flight a warp in
@@ -989,10 +996,29 @@ void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) 
 }
 template <typename Group>
 void launch_weight_ring_over_tiles(const MmaArgs& a, int row_tiles, const KernelStream& s) {
-  using Ring = WeightRing<Group, 4>;
-  const int grid = 4 * a.extra.sm_count, tiles = (row_tiles + grid - 1) / grid;
-  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, 4, true>, a, grid, s, 4,
-                Ring::bytes(a.seg[0].w.cols / 256, tiles), Ring::kThreadsACta);
+  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, kRingOverTilesCtasPerSm, true>, a,
+                kRingOverTilesCtasPerSm * a.extra.sm_count, s, kRingOverTilesCtasPerSm,
+                ring_over_tiles_bytes<Group>(a, row_tiles), WeightRing<Group, kRingOverTilesCtasPerSm>::kThreadsACta);
+}
+
+// The kernel a one-fragment launch of one k-quant type takes, tried in this order (launch_group,
+// and the predicates the tests ask).
+enum class OneFragmentKernel { WeightRing, TwoGroupsInRegisters, WeightRingOverTiles, SharedActivations, Plain };
+struct OneFragmentChoice {
+  OneFragmentKernel kernel;
+  int ring_ctas_per_sm;  // WeightRing: 2, 3 or 4
+};
+template <typename Group>
+OneFragmentChoice one_fragment_choice(const MmaArgs& a, int row_tiles) {
+  if constexpr (Group::kTwoGroupsInFlight) {
+    if (const int ctas = weight_ring_ctas_per_sm<Group>(a, row_tiles)) return {OneFragmentKernel::WeightRing, ctas};
+    if (two_groups_in_registers(a, row_tiles)) return {OneFragmentKernel::TwoGroupsInRegisters, 0};
+  }
+  if constexpr (Group::kRingOverTiles)
+    if (weight_ring_over_tiles<Group>(a, row_tiles)) return {OneFragmentKernel::WeightRingOverTiles, 0};
+  if constexpr (Group::kSharedActivations)
+    if (shared_activations(a, row_tiles)) return {OneFragmentKernel::SharedActivations, 0};
+  return {OneFragmentKernel::Plain, 0};
 }
 
 template <typename Group>
@@ -1002,25 +1028,30 @@ void launch_group(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   const int ntf = a.n_tokens <= 8 ? 1 : a.n_tokens <= 16 ? 2 : 4;
   const int grid = row_tiles * ((a.n_tokens + 8 * ntf - 1) / (8 * ntf));
   if (ntf == 1) {
-    if constexpr (Group::kTwoGroupsInFlight) {
-      switch (weight_ring_ctas_per_sm<Group>(a, row_tiles)) {
-        case 2: return launch_weight_ring<Group, 2>(a, row_tiles, s);
-        case 3: return launch_weight_ring<Group, 3>(a, row_tiles, s);
-        case 4:
+    const OneFragmentChoice choice = one_fragment_choice<Group>(a, row_tiles);
+    switch (choice.kernel) {
+      case OneFragmentKernel::WeightRing:
+        if constexpr (Group::kTwoGroupsInFlight) {
+          if (choice.ring_ctas_per_sm == 2) return launch_weight_ring<Group, 2>(a, row_tiles, s);
+          if (choice.ring_ctas_per_sm == 3) return launch_weight_ring<Group, 3>(a, row_tiles, s);
           if constexpr (kMostRingCtasPerSm<Group> == 4) return launch_weight_ring<Group, 4>(a, row_tiles, s);
-          break;
-        default: break;
-      }
-      if (two_groups_in_registers(a, row_tiles))
-        return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
+        }
+        break;
+      case OneFragmentKernel::TwoGroupsInRegisters:
+        if constexpr (Group::kTwoGroupsInFlight)
+          return launch_mma<1>(matmul_mma_two_groups_kernel<Group>, a, row_tiles, s);
+        break;
+      case OneFragmentKernel::WeightRingOverTiles:
+        if constexpr (Group::kRingOverTiles) return launch_weight_ring_over_tiles<Group>(a, row_tiles, s);
+        break;
+      case OneFragmentKernel::SharedActivations:
+        if constexpr (Group::kSharedActivations)
+          return launch_mma<1>(matmul_mma_shared_activations_kernel<Group>, a,
+                               std::min(row_tiles, kSharedActivationsCtasPerSm * a.extra.sm_count), s,
+                               kSharedActivationsCtasPerSm, a.seg[0].w.cols / 32 * kFragmentBytesPerBlock);
+        break;
+      case OneFragmentKernel::Plain: break;
     }
-    if constexpr (Group::kRingOverTiles)
-      if (weight_ring_over_tiles<Group>(a, row_tiles)) return launch_weight_ring_over_tiles<Group>(a, row_tiles, s);
-    if constexpr (Group::kSharedActivations)
-      if (shared_activations(a, row_tiles))
-        return launch_mma<1>(matmul_mma_shared_activations_kernel<Group>, a,
-                             std::min(row_tiles, kSharedActivationsCtasPerSm * a.extra.sm_count), s,
-                             kSharedActivationsCtasPerSm, a.seg[0].w.cols / 32 * kFragmentBytesPerBlock);
     launch_mma<1>(matmul_mma_kernel<Group, 1>, a, one_fragment_ctas<Group>(row_tiles, a.extra), s);
   } else if (ntf == 2) {
     launch_mma<2>(matmul_mma_kernel<Group, 2>, a, grid, s);
@@ -1070,23 +1101,22 @@ OperandFormat operand_format_of(GgmlType t) {
   return t == GgmlType::Q4_K ? OperandFormat::Q4K : t == GgmlType::Q6_K ? OperandFormat::Q6K : OperandFormat::None;
 }
 
-// Whether a one-fragment launch of these segments (one k-quant type, <= 8 tokens) takes the
-// kernel that `takes` names for it: takes(std::type_identity<Group>{}, args, row tiles), Group the
-// type's (launch_group's dispatch).
-template <typename Takes>
-bool one_fragment_launch_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra, Takes takes) {
-  if (n_segs < 1 || n_segs > kMaxMatSegs || n_tokens < 1 || n_tokens > 8) return false;
+// launch_group's one-fragment choice for these segments (one k-quant type, <= 8 tokens); Plain
+// where none applies.
+OneFragmentChoice one_fragment_choice_of(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  const OneFragmentChoice none{OneFragmentKernel::Plain, 0};
+  if (n_segs < 1 || n_segs > kMaxMatSegs || n_tokens < 1 || n_tokens > 8) return none;
   const GgmlType t = segs[0].w.type;
   for (int i = 0; i < n_segs; ++i)
-    if (segs[i].w.type != t) return false;
+    if (segs[i].w.type != t) return none;
   const MmaArgs a = mma_args(segs, n_segs, Q8Plane{}, n_tokens, extra);
   const int row_tiles = row_tiles_of(a);
   switch (t) {
-    case GgmlType::Q4_K: return takes(std::type_identity<GroupQK45<false>>{}, a, row_tiles);
-    case GgmlType::Q5_K: return takes(std::type_identity<GroupQK45<true>>{}, a, row_tiles);
-    case GgmlType::Q6_K: return takes(std::type_identity<GroupQ6K>{}, a, row_tiles);
-    case GgmlType::Q8_0: return takes(std::type_identity<GroupQ8>{}, a, row_tiles);
-    default: return false;
+    case GgmlType::Q4_K: return one_fragment_choice<GroupQK45<false>>(a, row_tiles);
+    case GgmlType::Q5_K: return one_fragment_choice<GroupQK45<true>>(a, row_tiles);
+    case GgmlType::Q6_K: return one_fragment_choice<GroupQ6K>(a, row_tiles);
+    case GgmlType::Q8_0: return one_fragment_choice<GroupQ8>(a, row_tiles);
+    default: return none;
   }
 }
 
@@ -1105,38 +1135,20 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
 }
 
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-    using Group = typename decltype(group)::type;
-    if constexpr (Group::kTwoGroupsInFlight)
-      return weight_ring_ctas_per_sm<Group>(a, row_tiles) == 0 && two_groups_in_registers(a, row_tiles);
-    return false;
-  });
+  return one_fragment_choice_of(segs, n_segs, n_tokens, extra).kernel == OneFragmentKernel::TwoGroupsInRegisters;
 }
 
 int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  int ctas = 0;
-  one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [&ctas](auto group, const MmaArgs& a, int row_tiles) {
-    using Group = typename decltype(group)::type;
-    if constexpr (Group::kTwoGroupsInFlight) ctas = weight_ring_ctas_per_sm<Group>(a, row_tiles);
-    return ctas > 0;
-  });
-  return ctas;
+  const OneFragmentChoice choice = one_fragment_choice_of(segs, n_segs, n_tokens, extra);
+  return choice.kernel == OneFragmentKernel::WeightRing ? choice.ring_ctas_per_sm : 0;
 }
 
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-    using Group = typename decltype(group)::type;
-    if constexpr (Group::kSharedActivations)  // launch_group tries the weight rings first
-      return weight_ring_ctas_per_sm<Group>(a, row_tiles) == 0 && !weight_ring_over_tiles<Group>(a, row_tiles) &&
-             shared_activations(a, row_tiles);
-    return false;
-  });
+  return one_fragment_choice_of(segs, n_segs, n_tokens, extra).kernel == OneFragmentKernel::SharedActivations;
 }
 
 bool matmul_mma_weight_ring_over_tiles(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
-  return one_fragment_launch_takes(segs, n_segs, n_tokens, extra, [](auto group, const MmaArgs& a, int row_tiles) {
-    return weight_ring_over_tiles<typename decltype(group)::type>(a, row_tiles);
-  });
+  return one_fragment_choice_of(segs, n_segs, n_tokens, extra).kernel == OneFragmentKernel::WeightRingOverTiles;
 }
 
 bool matmul_mma_supports(GgmlType t) {
