@@ -619,8 +619,8 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, with
     // two groups in flight a warp in registers (rows of more than 16 groups, on 132 SMs), with the
     // weights streamed through the weight ring (rows of more than 8 groups: on 132 SMs at two CTAs
-    // an SM; 3 row tiles on one SM, at three; q4_K, more than 4 row tiles on one SM, over several
-    // tiles a CTA at four), and with the activations in shared memory (q4_K rows of <= 6,144
+    // an SM; 3 row tiles on one SM, at three; over several tiles a CTA on one SM: q4_K, more than 4
+    // row tiles, at four; q6_K, more than 3, at three), and with the activations in shared memory (q4_K rows of <= 6,144
     // columns, more row tiles than 3 CTAs an SM take at once on one SM, without the ring).
     cuda::MatVecExtra three_ctas, on_132_sms, in_registers_on_132_sms, on_one_sm, in_registers_on_one_sm;
     three_ctas.decode_ctas = 3;
@@ -641,7 +641,8 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         if (two_groups && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 16 * 256)) continue;
         if (ring && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 8 * 256)) continue;
         if (ring3 && (n > 8 || sh.t == GgmlType::Q8_0 || sh.cols <= 8 * 256 || (sh.rows + 15) / 16 != 3)) continue;
-        if (ring_over_tiles && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols <= 8 * 256 || (sh.rows + 15) / 16 <= 4))
+        if (ring_over_tiles && (n > 8 || (sh.t != GgmlType::Q4_K && sh.t != GgmlType::Q6_K) || sh.cols <= 8 * 256 ||
+                                (sh.rows + 15) / 16 <= (sh.t == GgmlType::Q4_K ? 4 : 3)))
           continue;
         if (shared && (n > 8 || sh.t != GgmlType::Q4_K || sh.cols > 6144)) continue;
         cuda::MatSeg seg;
@@ -721,10 +722,10 @@ struct GateUp {
   }
 };
 
-// The 7B's gate+up launch (2,368 row tiles) and head (9,504) at 1, 5 and 8 tokens: with CTAs
-// taking several row tiles each (the backend's launch on an H200's 132 SMs: gate+up through the
-// weight ring at four CTAs an SM, and with the weights in registers; the head in registers) the
-// bits of one CTA a row tile.
+// The 7B's gate+up launch (2,368 row tiles, q4_K) and head (9,504, q6_K) at 1, 5 and 8 tokens:
+// with CTAs taking several row tiles each (the backend's launch on an H200's 132 SMs: gate+up
+// through the weight ring at four CTAs an SM, the head through it at three; and both with the
+// weights in registers) the bits of one CTA a row tile.
 TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   MINFER_REQUIRE_GPU();
   const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
@@ -743,11 +744,13 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, several));
   ASSERT_FALSE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, in_registers));
   ASSERT_FALSE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, one_a_tile));
-  ASSERT_FALSE(cuda::matmul_mma_weight_ring_over_tiles(&head_seg, 1, 1, several));
+  ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(&head_seg, 1, 1, several));
+  ASSERT_FALSE(cuda::matmul_mma_weight_ring_over_tiles(&head_seg, 1, 1, in_registers));
   for (int n : {1, 5, 8}) {
     expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, several, one_a_tile, "q4_K gate+up, ring");
     expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, in_registers, one_a_tile, "q4_K gate+up");
-    expect_same_decode_matmul_bits({head_seg}, plane.plane, n, several, one_a_tile, "q6_K head");
+    expect_same_decode_matmul_bits({head_seg}, plane.plane, n, several, one_a_tile, "q6_K head, ring");
+    expect_same_decode_matmul_bits({head_seg}, plane.plane, n, in_registers, one_a_tile, "q6_K head");
   }
 }
 

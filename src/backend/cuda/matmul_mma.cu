@@ -9,7 +9,7 @@
 // weight lines prefetched to L2 while this one is multiplied (or, where a tile's rows have more
 // groups than the 8 streams at one token fragment, the tile's weights streamed into shared memory
 // by the tensor memory accelerator: matmul_mma_weight_ring_kernel, one tile a CTA or several for
-// gate/up; or the next group's weights already in a second register set:
+// gate/up and the head; or the next group's weights already in a second register set:
 // matmul_mma_two_groups_kernel). A launch serves one weight type (launch_matmul_mma splits mixed segments), so each
 // kernel's registers are what its type needs — except q4_K with q6_K at one token fragment, where
 // both kernels have the same registers (matmul_mma_q4k_q6k_kernel).
@@ -262,7 +262,7 @@ struct GroupQ6K {
   static constexpr bool kSeveralTilesACta = true;
   static constexpr bool kTwoGroupsInFlight = true;
   static constexpr bool kSharedActivations = false;  // 64 registers spill 70-98 bytes
-  static constexpr bool kRingOverTiles = false;  // at four CTAs an SM its stages do not fit
+  static constexpr bool kRingOverTiles = true;  // at three CTAs an SM (the head), 80 registers
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
     return m.data + (size_t(row) * (m.cols / 256) + g) * kQ6KDeviceBlockBytes;
   }
@@ -738,8 +738,8 @@ struct WeightRing {
 // dealt over WeightRing::kWarpsACta warps (group g to warp g % kWarpsACta), for launches whose rows
 // have more groups than a CTA's 8 streams (down: 74 at K = 18944; o and q/k/v: 14 at 3584) and
 // whose tiles fit one wave at CtasPerSm CTAs an SM. kSeveralTiles: CTA b takes row tiles b,
-// b + gridDim.x, ... (gate/up), its rounds one sequence over them, so that the next tile's rounds
-// stream in while this one's streams are joined.
+// b + gridDim.x, ... (gate/up, the head), its rounds one sequence over them, so that the next
+// tile's rounds stream in while this one's streams are joined.
 // With more warps than streams each group's term goes to shared memory (0 + t is t for every term
 // a stream can add: a -0 becomes +0, which adds the same to a sum that is never -0) and warps
 // 0..7 then add stream w's terms in group order; with 8, warp w adds its groups' terms in order
@@ -956,28 +956,31 @@ int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
     if (weight_ring_fits<Group, 4>(a, row_tiles)) return 4;
   return 0;
 }
-// Whether a one-fragment launch of more row tiles than four CTAs an SM take streams its weights
-// through the weight ring over several tiles a CTA (4 × SMs CTAs, CTA b taking tiles b, b + grid,
-// ..., its next tile's rounds streaming in during this one's join): unless
-// MatVecExtra::weights_in_registers or decode_ctas, for types with Group::kRingOverTiles, rows of
-// more than 8 groups, every segment of the same cols, where the CTAs' rings fit the SM's shared
-// memory (gate/up: +1.5 % on the 7B, +1.7 % on the 14B against the activations in shared memory;
-// at three CTAs an SM −2 %, at two −11 %).
-constexpr int kRingOverTilesCtasPerSm = 4;
+// Whether a one-fragment launch of more row tiles than kRingOverTilesCtasPerSm CTAs an SM take
+// streams its weights through the weight ring over several tiles a CTA (that many CTAs an SM, CTA b
+// taking tiles b, b + grid, ..., its next tile's rounds streaming in during this one's join):
+// unless MatVecExtra::weights_in_registers or decode_ctas, for types with Group::kRingOverTiles,
+// rows of more than 8 groups, every segment of the same cols, where the CTAs' rings fit the SM's
+// shared memory. At the most CTAs an SM the type's ring runs at: q4_K at four (gate/up: +1.5 % on
+// the 7B, +1.7 % on the 14B against the activations in shared memory; at three −2.4 %, at two
+// −11 %), q6_K at three (the head: +0.4 % on the 7B, +0.9 % on the 14B against the weights in
+// registers).
+template <typename Group>
+constexpr int kRingOverTilesCtasPerSm = kMostRingCtasPerSm<Group>;
 // The dynamic shared memory of a launch of the ring over tiles: its CTAs take up to
 // ceil(row_tiles / grid) tiles each, a barrier and a read count a round of each.
 template <typename Group>
 int ring_over_tiles_bytes(const MmaArgs& a, int row_tiles) {
-  const int grid = kRingOverTilesCtasPerSm * a.extra.sm_count;
-  return WeightRing<Group, kRingOverTilesCtasPerSm>::bytes(a.seg[0].w.cols / 256, (row_tiles + grid - 1) / grid);
+  const int grid = kRingOverTilesCtasPerSm<Group> * a.extra.sm_count;
+  return WeightRing<Group, kRingOverTilesCtasPerSm<Group>>::bytes(a.seg[0].w.cols / 256, (row_tiles + grid - 1) / grid);
 }
 template <typename Group>
 bool weight_ring_over_tiles(const MmaArgs& a, int row_tiles) {
   if (a.extra.weights_in_registers || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
-  if (row_tiles <= kRingOverTilesCtasPerSm * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps)
+  if (row_tiles <= kRingOverTilesCtasPerSm<Group> * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps)
     return false;
   if constexpr (Group::kRingOverTiles)
-    return kRingOverTilesCtasPerSm * shared_memory_per_cta<1>(ring_over_tiles_bytes<Group>(a, row_tiles)) <=
+    return kRingOverTilesCtasPerSm<Group> * shared_memory_per_cta<1>(ring_over_tiles_bytes<Group>(a, row_tiles)) <=
            shared_memory_per_sm();
   return false;
 }
@@ -996,9 +999,9 @@ void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) 
 }
 template <typename Group>
 void launch_weight_ring_over_tiles(const MmaArgs& a, int row_tiles, const KernelStream& s) {
-  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, kRingOverTilesCtasPerSm, true>, a,
-                kRingOverTilesCtasPerSm * a.extra.sm_count, s, kRingOverTilesCtasPerSm,
-                ring_over_tiles_bytes<Group>(a, row_tiles), WeightRing<Group, kRingOverTilesCtasPerSm>::kThreadsACta);
+  constexpr int kCtas = kRingOverTilesCtasPerSm<Group>;
+  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, kCtas, true>, a, kCtas * a.extra.sm_count, s, kCtas,
+                ring_over_tiles_bytes<Group>(a, row_tiles), WeightRing<Group, kCtas>::kThreadsACta);
 }
 
 // The kernel a one-fragment launch of one k-quant type takes, tried in this order (launch_group,
