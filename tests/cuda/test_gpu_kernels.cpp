@@ -591,7 +591,8 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
   struct Shape { GgmlType t; int rows, cols; };
   const Shape shapes[] = {{GgmlType::Q4_K, 67, 768},  {GgmlType::Q5_K, 67, 768},   {GgmlType::Q6_K, 67, 768},
                           {GgmlType::Q8_0, 67, 768},  {GgmlType::Q8_0, 45, 544},   {GgmlType::Q4_K, 301, 3584},
-                          {GgmlType::Q6_K, 40, 18944}, {GgmlType::Q4_K, 33, 18944}, {GgmlType::Q6_K, 132, 3584}};
+                          {GgmlType::Q6_K, 40, 18944}, {GgmlType::Q4_K, 33, 18944}, {GgmlType::Q6_K, 132, 3584},
+                          {GgmlType::Q4_K, 67, 6144}};
   for (const Shape& sh : shapes) {
     const int max_tokens = 70;
     const auto wq = quantize_matrix(sh.t, random_normal(size_t(sh.rows) * sh.cols, 0.5f, 150 + uint64_t(sh.cols)), sh.rows, sh.cols);
@@ -620,8 +621,9 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     // two groups in flight a warp in registers (rows of more than 16 groups, on 132 SMs), with the
     // weights streamed through the weight ring (rows of more than 8 groups: on 132 SMs at two CTAs
     // an SM; 3 row tiles on one SM, at three; over several tiles a CTA on one SM: q4_K, more than 4
-    // row tiles, at four; q6_K, more than 3, at three), and with the activations in shared memory (q4_K rows of <= 6,144
-    // columns, more row tiles than 3 CTAs an SM take at once on one SM, without the ring).
+    // row tiles, at four; q6_K, more than 3, at three), and with the activations in shared memory
+    // (q4_K rows of <= 6,144 columns — 48 KB of them beside the reduction buffer at 6,144 — more row
+    // tiles than 3 CTAs an SM take at once on one SM, without the ring).
     cuda::MatVecExtra three_ctas, on_132_sms, in_registers_on_132_sms, on_one_sm, in_registers_on_one_sm;
     three_ctas.decode_ctas = 3;
     on_132_sms.sm_count = in_registers_on_132_sms.sm_count = 132;

@@ -66,8 +66,8 @@ template <int NTF>
 constexpr int kCtasPerSm = NTF == 1 ? 3 : 2;
 // The kernel with the activations in shared memory (matmul_mma_shared_activations_kernel): 4
 // CTAs an SM (64 registers), each holding fragment 0 of the plane's blocks, 256 bytes a block, so
-// rows of up to 6,144 columns (48 KB, the most a launch gets without opting in; four such CTAs
-// and their reduction buffers fit an SM's 228 KB).
+// rows of up to 6,144 columns (48 KB; four such CTAs and their reduction buffers fit an SM's 228
+// KB).
 constexpr int kSharedActivationsCtasPerSm = 4;
 constexpr int kSharedActivationsMaxCols = 6144;
 constexpr int kFragmentBytesPerBlock = 256;
@@ -883,7 +883,10 @@ void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const Kerne
   const int percent = sm_smem > 0 ? std::min(100, (ctas_per_sm * smem_per_cta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
-  if (dynamic_smem > 48 * 1024) prefill_detail::reserve_dynamic_shared_memory(kernel, dynamic_smem, "matmul_mma");
+  // A CTA's static and dynamic shared memory past 48 KB need the kernel's opt-in (the shared
+  // activations of rows over 5,632 columns: 4 KB of reduction buffer beside them).
+  if (kReduceFloats<NTF> * 4 + dynamic_smem > 48 * 1024)
+    prefill_detail::reserve_dynamic_shared_memory(kernel, dynamic_smem, "matmul_mma");
   launch_kernel("matmul_mma", kernel, grid, threads, size_t(dynamic_smem), s, a);
 }
 
