@@ -2,9 +2,10 @@
 // the Qwen2.5 7B/14B presets at the types llama.cpp's Q4_K_M mix gives them (the table the prefill
 // tests and bench iterate, tests/cuda/model_gemms.h), for the token counts of the decode buckets,
 // on each decode matmul kernel. Names: decode/<model>/<matrix>/<type>/T<tokens>/<kernel>, kernel
-// = matvec (launch_matvec: warp-per-row dp4a), mma (launch_matmul_mma: int8 tensor cores) or, for
-// q4_K / q6_K at 33..64 tokens on sm_90, wgmma (launch_matmul_mma given the operand image: f16 warpgroup
-// MMA, its operand build included);
+// = matvec (launch_matvec: warp-per-row dp4a), mma (launch_matmul_mma: int8 tensor cores, given the
+// device's SM count as the backend gives it, so each launch takes the engine's kernel: the weight
+// rings, CTAs taking several row tiles) or, for q4_K / q6_K at 33..64 tokens on sm_90, wgmma
+// (launch_matmul_mma given the operand image: f16 warpgroup MMA, its operand build included);
 // ffn_gate_up is gate and up in one launch (two segments), as the engine runs them. Counters:
 // GB/s = weight bytes streamed / time, per_forward = launches of that row in one forward.
 // decode/<model>/attention/T<tokens>/d<len>/c<chunks>/<body>: the split-K decode attention of every
@@ -78,6 +79,7 @@ void bench_decode(benchmark::State& state, GgmlType type, const std::vector<int6
   }
   std::unique_ptr<DeviceMemory> operand;
   cuda::MatVecExtra extra;
+  check(cudaDeviceGetAttribute(&extra.sm_count, cudaDevAttrMultiProcessorCount, 0), "sm count");
   if (kernel == Kernel::Wgmma) {
     operand = std::make_unique<DeviceMemory>(size_t(cuda::wgmma_operand_bytes(int(cols))));
     extra.wgmma_operand = static_cast<uint8_t*>(operand->ptr);
