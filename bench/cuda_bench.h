@@ -42,9 +42,9 @@ inline const uint8_t* device_weights(GgmlType t, int64_t n, int64_t k, int salt 
   if (!slot) {
     const std::vector<uint8_t> host = cuda::device_layout(
         t, test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k) + 1000003 * uint64_t(salt)));
-    // 16 bytes past the last row, as the engine's weight arena leaves: the weight ring's bulk
-    // copies may read up to 15 of them.
-    slot = std::make_unique<DeviceMemory>(host.size() + 16);
+    // The slack the engine's weight arena leaves past the last row (the weight ring's copies read
+    // into it).
+    slot = std::make_unique<DeviceMemory>(host.size() + cuda::kWeightSlackBytes);
     check(cudaMemcpy(slot->ptr, host.data(), host.size(), cudaMemcpyHostToDevice), "upload weights");
   }
   return static_cast<const uint8_t*>(slot->ptr);

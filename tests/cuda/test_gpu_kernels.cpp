@@ -576,10 +576,10 @@ TEST(GpuKernels, RopeKvEqualsRopeThenAppend) {
     }
 }
 
-// A matrix's device bytes with the 16 bytes of slack the weight arena leaves after each matrix
-// (weights.cpp), which the weight ring's bulk copies may read into.
+// A matrix's device bytes with the slack the weight arena leaves after each matrix
+// (cuda::kWeightSlackBytes), which the weight ring's bulk copies may read into.
 std::vector<uint8_t> with_arena_slack(std::vector<uint8_t> bytes) {
-  bytes.resize(bytes.size() + 16);
+  bytes.resize(bytes.size() + cuda::kWeightSlackBytes);
   return bytes;
 }
 
@@ -715,8 +715,8 @@ struct GateUp {
   std::vector<cuda::MatSeg> segs;
   GateUp(const synth::Preset& preset, uint64_t seed) {
     for (int s = 0; s < 2; ++s) {
-      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(
-          GgmlType::Q4_K, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s)))));
+      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(with_arena_slack(cuda::device_layout(
+          GgmlType::Q4_K, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s))))));
       cuda::MatSeg seg;
       seg.w = {GgmlType::Q4_K, preset.n_ff, preset.n_embd, w.back()->get()};
       segs.push_back(seg);
@@ -739,8 +739,8 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   const int cols = preset.n_embd;
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
   const GateUp gate_up(preset, 180);
-  DeviceBuffer<uint8_t> head(
-      cuda::device_layout(GgmlType::Q6_K, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
+  DeviceBuffer<uint8_t> head(with_arena_slack(
+      cuda::device_layout(GgmlType::Q6_K, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182))));
   cuda::MatSeg head_seg;
   head_seg.w = {GgmlType::Q6_K, preset.n_vocab, cols, head.get()};
   ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, several));

@@ -37,6 +37,9 @@ struct DevMat {
   const uint8_t* data = nullptr;
 };
 constexpr int kQ6KDeviceBlockBytes = 212;  // ql[128] qh[64] scales[16] d, then 2 bytes of zeros
+// Bytes readable past a matrix's last row on the device (the weight arena leaves them after each
+// matrix): kernels read one word past a run, the weight ring's bulk copies up to 15 bytes.
+constexpr int kWeightSlackBytes = 16;
 // Bytes of one row of `cols` values of type t in the device layout.
 int64_t device_row_bytes(GgmlType t, int64_t cols);
 // Copies n_blocks consecutive GGUF blocks of type t (rows' worth or any run of whole blocks) from

@@ -748,7 +748,7 @@ struct WeightRing {
 // every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
 // launch bounds); dynamic shared memory of Ring::bytes(groups, the most tiles a CTA takes); every
 // row holds whole groups; the weights readable up to 15 bytes past their last row (the arena's
-// slack, weights.cpp).
+// slack, kWeightSlackBytes).
 template <typename Group, int CtasPerSm, bool kSeveralTiles>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
@@ -982,10 +982,8 @@ bool weight_ring_over_tiles(const MmaArgs& a, int row_tiles) {
   if (a.extra.weights_in_registers || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
   if (row_tiles <= kRingOverTilesCtasPerSm<Group> * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps)
     return false;
-  if constexpr (Group::kRingOverTiles)
-    return kRingOverTilesCtasPerSm<Group> * shared_memory_per_cta<1>(ring_over_tiles_bytes<Group>(a, row_tiles)) <=
-           shared_memory_per_sm();
-  return false;
+  return kRingOverTilesCtasPerSm<Group> * shared_memory_per_cta<1>(ring_over_tiles_bytes<Group>(a, row_tiles)) <=
+         shared_memory_per_sm();
 }
 // Whether a one-fragment launch without a weight ring keeps two groups in flight a warp in
 // registers (matmul_mma_two_groups_kernel, 128 registers: two CTAs an SM): where every warp streams
