@@ -94,8 +94,9 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
   const int warp_words = max(0, min(256, width / 4 - 256 * warp));
   float4* stage = norm_staging + warp * 32 * kNormStageWords;
   const auto slot = [&](int j) { return (j / 8) * kNormStageWords + j % 8; };
-  // The weights depend on no earlier kernel: their loads overlap the predecessor's tail (PDL) and
-  // are in registers before the reduction instead of one round trip after it.
+  // The weights are in registers before the reduction instead of one round trip after it. They
+  // depend on no earlier kernel, but ptxas schedules the PDL wait before these loads all the same
+  // (docs/13 §4), so they travel with the row's.
   float4 wv[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) wv[i] = valid ? reinterpret_cast<const float4*>(w + 32 * b)[i] : make_float4(0, 0, 0, 0);
