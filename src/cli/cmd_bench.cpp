@@ -1,5 +1,5 @@
 // minfer bench -m FILE [-p 512] [-n 128] [-d 0,4096,16384] [--batch 1,8,32,64] [-r 5]
-//              [-o md|json|csv] [--census] [--sweep FILE.csv]
+//              [-o md|json|csv] [--census] [--timeline FILE.csv] [--sweep FILE.csv]
 // llama-bench's table (model, size, params, backend, test, t/s median ± sd of the reps) plus the share of the
 // memory roofline: bytes one decode step reads (weights once, plus every sequence's KV) / the
 // device-to-device copy rate measured here. --batch B runs B sequences decoding together
@@ -22,6 +22,7 @@
 #include "util/files.h"
 #ifdef MINFER_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_timeline.h"
 #endif
 
 namespace minfer::cli {
@@ -204,7 +205,7 @@ void write_sweep(const std::string& csv_path, const std::vector<Row>& rows, cons
 int run_bench(int argc, char** argv) {
   CLI::App app{"Throughput of prompt processing (pp) and generation (tg), llama-bench style"};
   std::string model_path, p_list = "512", n_list = "128", d_list = "0", b_list = "1", output = "md", sweep,
-              backend_name = "auto";
+              backend_name = "auto", timeline;
   int reps = 5, ubatch = 4096, block_size = kDefaultKvBlockSize;
   bool census = false;
   app.add_option("-m,--model", model_path, "GGUF model (default: the embedded default model)");
@@ -220,12 +221,22 @@ int run_bench(int argc, char** argv) {
   app.add_option("--kv-block-size", block_size, "KV positions per cache block")->check(CLI::Range(1, 4096));
   app.add_option("--backend", backend_name, "cuda | cpu | auto");
   app.add_flag("--census", census, "list the kernels of one decode step of the first batch size and one prompt step of the first -p length (CUDA)");
+  app.add_option("--timeline", timeline,
+                 "time every CTA of one decode step of the first batch size inside its CUDA graph; a table per "
+                 "launch class, one line per launch into this CSV and one per CTA into FILE.ctas.csv (a build "
+                 "configured with -DMINFER_TIMELINE=ON)");
   app.add_option("--sweep", sweep, "write tg t/s against depth to this CSV and an SVG beside it");
   CLI11_PARSE(app, argc, argv);
   const std::vector<int> ps = parse_counts(p_list, "-p"), ns = parse_counts(n_list, "-n"),
                          ds = parse_counts(d_list, "-d"), bs = parse_counts(b_list, "--batch");
   if (ds.empty()) fail("-d needs at least one depth");
   if (bs.empty()) fail("--batch needs at least one batch size");
+#ifdef MINFER_HAVE_CUDA
+  if (!timeline.empty() && !cuda::kTimelineBuilt)
+    fail("--timeline needs a build configured with -DMINFER_TIMELINE=ON (its kernels carry the probes)");
+#else
+  if (!timeline.empty()) fail("--timeline needs a build with CUDA");
+#endif
   for (int b : bs)
     if (b <= 0) fail("--batch ", b, ": a batch size must be positive");
 
@@ -374,6 +385,28 @@ int run_bench(int argc, char** argv) {
     std::printf("]\n");
   }
   if (!sweep.empty()) write_sweep(sweep, rows, model_label);
+
+#ifdef MINFER_HAVE_CUDA
+  if (!timeline.empty()) {
+    if (!use_cuda) fail("--timeline needs the CUDA backend");
+    auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
+    bench.fill_depth(ds.front());
+    // The first step captures the graph (and warms up); the second is the one recorded.
+    for (int pass = 0; pass < 2; ++pass) {
+      cb.timeline_next_step();
+      bench.generate(1, bs.front());
+    }
+    const TimelineSummary& t = cb.timeline_result();
+    std::printf("\n### decode step x%d @ d%d inside its graph (the probes' build)\n\n%s", bs.front(), ds.front(),
+                timeline_table(t).c_str());
+    for (const auto& [path, text] : {std::pair{timeline, timeline_csv(t)},
+                                     std::pair{timeline + ".ctas.csv", timeline_cta_csv(t, cb.timeline_ctas())}}) {
+      OutputFile out(path);
+      out.write(text);
+      out.commit();
+    }
+  }
+#endif
 
   if (census) {
 #ifdef MINFER_HAVE_CUDA

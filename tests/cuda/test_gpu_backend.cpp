@@ -17,6 +17,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_timeline.h"
 #include "../batching_support.h"
 #include "engine/session.h"
 #include "backend/cuda/prefill.h"
@@ -641,6 +642,46 @@ TEST(GpuBackend, CensusCountsTheDecodeKernels) {
   EXPECT_EQ(bytes["attention_split_combine_quant_q8"],
             int64_t(L) * 6 * s.model.hp.n_head_kv * s.model.hp.head_dim * 2 * 2);
   EXPECT_EQ(bytes["argmax"], 0);
+}
+
+// The timeline's probes (a build configured with -DMINFER_TIMELINE=ON): every CTA of a graph step
+// records, its launches come back in stream order, and no launch is released before the one before
+// it has ended (PDL's wait returns only once the previous kernel is complete).
+TEST(GpuBackend, TimelineRecordsEveryCtaOfAStepInLaunchOrder) {
+  MINFER_REQUIRE_GPU();
+  if (!cuda::kTimelineBuilt) GTEST_SKIP() << "the probes are in builds configured with -DMINFER_TIMELINE=ON";
+  const Synth& s = synth_model("tiny");
+  auto b = gpu_session(s);
+  const auto tokens = random_tokens(5, s.model.hp.n_vocab, 8);
+  b->eval(tokens);
+  auto& cb = static_cast<cuda::CudaBackend&>(b->engine().backend());
+  const int32_t next = b->decode_greedy(tokens[0]);  // captures the step's graph
+  cb.timeline_next_step();
+  b->decode_greedy(next);
+  const TimelineSummary& t = cb.timeline_result();
+  ASSERT_FALSE(t.launches.empty());
+  EXPECT_EQ(t.unmatched_launches, 0);
+  EXPECT_EQ(t.unmatched_grids, 0);
+  std::map<std::string, int> by_label;
+  double previous_exit = 0, increments = 0;
+  for (size_t i = 0; i < t.launches.size(); ++i) {
+    const TimelineRow& r = t.launches[i];
+    ++by_label[r.label];
+    EXPECT_EQ(r.recorded, r.ctas) << i << " " << r.label;
+    EXPECT_LE(r.first_enter, r.last_enter) << i;
+    EXPECT_EQ(r.waited, r.ctas) << i;  // every kernel waits (await_predecessor)
+    EXPECT_LE(r.first_enter, r.first_wait) << i;
+    EXPECT_LE(r.first_wait, r.last_exit) << i;
+    if (i > 0) EXPECT_GE(r.release, 0.0) << i << " " << r.label;
+    EXPECT_GE(r.last_exit, previous_exit) << i;
+    previous_exit = r.last_exit;
+    increments += r.increment;
+  }
+  EXPECT_NEAR(increments, t.step_us, 1e-6);
+  EXPECT_EQ(by_label["rms_norm_quant_q8"], 2 * s.model.hp.n_layer + 1);
+  EXPECT_EQ(by_label["argmax"], 2);  // slices, then the pick
+  EXPECT_GT(t.sm_busy, 0.0);
+  EXPECT_LE(t.sm_busy, 1.0);
 }
 
 // The step times count every forward since the reset, with device time that fits in the wall time

@@ -11,6 +11,7 @@
 #include <map>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_timeline.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
 #include "backend/cuda/weights.h"
@@ -149,6 +150,7 @@ struct CudaBackend::Impl {
   struct Captured {
     GraphExec exec;
     std::vector<Launch> launches;
+    std::vector<TimelineLaunch> kernels;  // every kernel launch of the graph (timeline builds)
   };
   std::map<std::pair<int, int>, Captured> graphs;  // decode-only steps by bucket and attention head chunks
   std::vector<Launch> eager_launches;
@@ -169,6 +171,12 @@ struct CudaBackend::Impl {
     Event begin, end;
   };
   std::vector<CensusMark> marks;
+
+  // timeline (builds with MINFER_TIMELINE): the next step's CTA records and its kernel launches
+  bool timeline_next = false;
+  std::vector<TimelineLaunch> eager_kernels;
+  TimelineSummary last_timeline;
+  std::vector<TimelineCtaRecord> last_timeline_ctas;
 
   Impl(const Model& m, Fusions f, int device)
       : model(m), graph(build_graph(m)), hp(m.hp), fusions(f), ctx(device), weights(m, graph, upload) {
@@ -447,6 +455,8 @@ struct CudaBackend::Impl {
     const bool dump = dump_enabled();
     timing = census_next;
     census_next = false;
+    const bool record_timeline = timeline_next;
+    timeline_next = false;
     const Fusions f = dump ? Fusions::none() : fusions;
     const bool use_graph = f.cuda_graph && !dump && !timing && all_rows_out;
     const int rows = use_graph ? std::min(bucket_rows(n), max_tokens) : n;
@@ -465,12 +475,19 @@ struct CudaBackend::Impl {
       auto it = graphs.find(key);
       if (it == graphs.end()) {
         std::vector<Launch> plan = lower(graph, f, shape);
+        std::vector<TimelineLaunch> kernels;
         cudaGraph_t g = nullptr;
         check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
         try {
           const std::vector<LaunchImage> images = operand_images(plan, geo, f);
-          for (size_t i = 0; i < plan.size(); ++i) execute(plan[i], geo, f, images[i], serial());
+          timeline_arm(&kernels);
+          for (size_t i = 0; i < plan.size(); ++i) {
+            timeline_label(launch_name(plan[i], geo));
+            execute(plan[i], geo, f, images[i], serial());
+          }
+          timeline_arm(nullptr);
         } catch (...) {
+          timeline_arm(nullptr);
           cudaStreamEndCapture(stream.get(), &g);
           if (g) cudaGraphDestroy(g);
           throw;
@@ -478,9 +495,10 @@ struct CudaBackend::Impl {
         check(cudaStreamEndCapture(stream.get(), &g), "cudaStreamEndCapture");
         GraphExec exec(g);
         cudaGraphDestroy(g);
-        it = graphs.emplace(key, Captured{std::move(exec), std::move(plan)}).first;
+        it = graphs.emplace(key, Captured{std::move(exec), std::move(plan), std::move(kernels)}).first;
       }
       launches = &it->second.launches;
+      if (record_timeline) timeline_reset(stream.get());
       check(cudaGraphLaunch(it->second.exec.get(), stream.get()), "cudaGraphLaunch");
     } else {
       eager_launches = lower(graph, f, shape);
@@ -491,6 +509,11 @@ struct CudaBackend::Impl {
         for (const SeqChunk& c : b.chunks) kv_positions[c.decode ? 0 : 1] += c.pos + c.n_tokens;
       }
       const std::vector<LaunchImage> images = operand_images(eager_launches, geo, f);
+      eager_kernels.clear();
+      if (record_timeline) {
+        timeline_reset(stream.get());
+        timeline_arm(&eager_kernels);
+      }
       if (f.decode_beside_prompt && shape.decode && shape.prompt && !timing && !dump && lanes_apart(eager_launches)) {
         execute_beside(eager_launches, geo, f, images);
       } else {
@@ -500,11 +523,13 @@ struct CudaBackend::Impl {
             marks.push_back({launch_name(l, geo), census_bytes(l, kv_positions), Event(), Event()});
             check(cudaEventRecord(marks.back().begin.get(), stream.get()), "cudaEventRecord");
           }
+          if (record_timeline) timeline_label(launch_name(l, geo));
           execute(l, geo, f, images[i], serial());
           if (timing) check(cudaEventRecord(marks.back().end.get(), stream.get()), "cudaEventRecord");
           if (dump && l.completes_node >= 0) dump_output(l.completes_node, geo);
         }
       }
+      timeline_arm(nullptr);
     }
 
     if (!b.draws.empty()) draw(b.draws);
@@ -539,6 +564,11 @@ struct CudaBackend::Impl {
     const cudaEvent_t end = step_end[size_t(step % 2)].get();
     check(cudaEventRecord(end, stream.get()), "cudaEventRecord");
     check(cudaStreamSynchronize(stream.get()), "forward");
+    if (record_timeline) {
+      last_timeline_ctas = timeline_collect();
+      last_timeline = summarize_timeline(use_graph ? graphs.at({rows, geo.attention_head_chunks}).kernels : eager_kernels,
+                                         last_timeline_ctas);
+    }
     float device_ms = 0, idle_ms = 0;
     check(cudaEventElapsedTime(&device_ms, step_begin.get(), end), "cudaEventElapsedTime");
     if (have_previous_end)
@@ -1007,6 +1037,12 @@ int CudaBackend::max_outputs() const { return impl_->max_outputs; }
 void CudaBackend::copy_blocks(std::span<const BlockCopy> copies) { impl_->copy_blocks(copies); }
 void CudaBackend::forward(const StepBatch& batch, StepOutput& out) { impl_->forward(batch, out); }
 void CudaBackend::census_next_step() { impl_->census_next = true; }
+void CudaBackend::timeline_next_step() {
+  if (!kTimelineBuilt) fail("the timeline needs a build configured with -DMINFER_TIMELINE=ON");
+  impl_->timeline_next = true;
+}
+const TimelineSummary& CudaBackend::timeline_result() const { return impl_->last_timeline; }
+const std::vector<TimelineCtaRecord>& CudaBackend::timeline_ctas() const { return impl_->last_timeline_ctas; }
 const std::vector<Launch>& CudaBackend::last_launches() const { return *impl_->launches; }
 const LoadStats& CudaBackend::load_stats() const { return impl_->stats; }
 const StepTimes& CudaBackend::step_times() const { return impl_->step_times; }

@@ -10,6 +10,7 @@
 
 #include "backend/backend.h"
 #include "backend/plan.h"
+#include "backend/timeline.h"
 
 namespace minfer::cuda {
 
@@ -59,6 +60,11 @@ class CudaBackend final : public Backend {
   // lists the launches by name.
   void census_next_step();
   std::vector<KernelTime> census_result() const;
+  // The next forward records every CTA's times (a build configured with -DMINFER_TIMELINE=ON, else
+  // it fails saying so); timeline_result() then holds them matched to the step's kernel launches.
+  void timeline_next_step();
+  const TimelineSummary& timeline_result() const;
+  const std::vector<TimelineCtaRecord>& timeline_ctas() const;
   // The launches of the last forward (tests look at the fusions the plan chose).
   const std::vector<Launch>& last_launches() const;
   const LoadStats& load_stats() const;

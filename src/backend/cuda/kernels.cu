@@ -49,6 +49,7 @@ __device__ __forceinline__ float block_sum(float v, float* red) {
 __global__ void rms_norm_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                 float* __restrict__ out, int ld_out, int width, int group,
                                 float eps, const Q8Plane q8, int q8_rows) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   __shared__ float red[32];
   const int per_row = width / group;
@@ -86,6 +87,7 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
                                      float* __restrict__ out, int ld_out, int width, float eps,
                                      const Q8Plane q8, int q8_rows, uint16_t* __restrict__ bf16,
                                      const OperandImage image) {
+  MINFER_TIMELINE_PROBE();
   extern __shared__ float4 norm_staging[];
   const int row = blockIdx.x, b = threadIdx.x, lane = b % 32, warp = b / 32;
   const bool valid = b < width / 32;
@@ -186,6 +188,7 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
 __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                               float* __restrict__ out, int width, const Q8Plane q8, int q8_rows,
                               uint16_t* __restrict__ bf16, const OperandImage image) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int row = blockIdx.y;
   const int i = (blockIdx.x * 256 + threadIdx.x) * 4;
@@ -216,6 +219,7 @@ __global__ void swiglu_kernel(const float* __restrict__ gate, const float* __res
 // the plane needs width % 32 == 0, which the four-wide kernel takes).
 __global__ void swiglu_scalar_kernel(const float* __restrict__ gate, const float* __restrict__ up,
                                      float* __restrict__ out, int width, uint16_t* __restrict__ bf16) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int row = blockIdx.y;
   const int i = blockIdx.x * 256 + threadIdx.x;
@@ -243,6 +247,7 @@ void launch_swiglu(const float* gate, const float* up, float* out, int n_rows, i
 }
 
 __global__ void add_kernel(const float* a, const float* b, float* out, int64_t n) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = a[i] + b[i];
@@ -255,6 +260,7 @@ void launch_add(const float* a, const float* b, float* out, int64_t n, const Ker
 // ---- standalone quantize: 8 threads per 256-column group, one per 32-block -----------------------
 __global__ void quantize_q8_kernel(const float* __restrict__ x, int ld_x, const Q8Plane q8, int n_rows,
                                    int width) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int n_blocks = width / 32, n_groups = (n_blocks + 7) / 8;
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -371,6 +377,7 @@ __device__ void dequant_group(const DevMat& m, int row, int g, float* out) {
 }
 
 __global__ void dequantize_rows_kernel(DevMat m, const int32_t* rows, int row0, float* out) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int r = blockIdx.y;
   const int row = rows ? rows[r] : row0 + r;
@@ -394,6 +401,7 @@ void launch_dequantize_rows(const DevMat& m, int row0, int n_rows, float* out, c
 // ---- gather / argmax -------------------------------------------------------------------------
 __global__ void gather_rows_kernel(const float* __restrict__ src, int ld, const int32_t* __restrict__ rows,
                                    int width, float* __restrict__ dst) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const float* from = src + size_t(rows[blockIdx.y]) * ld;
   float* to = dst + size_t(blockIdx.y) * ld;
@@ -420,6 +428,7 @@ __device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
 // Block (slice, row) scans its slice of the row; no candidate sorts before index n (= none).
 // REQUIRES: blockDim.x a multiple of 32, <= 1024.
 __global__ void argmax_slices_kernel(const float* __restrict__ x, int ld, int n, ArgmaxCandidate* candidates) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   __shared__ float best_v[32];
   __shared__ int best_i[32];
@@ -446,6 +455,7 @@ __global__ void argmax_slices_kernel(const float* __restrict__ x, int ld, int n,
 
 // One warp per row over its kArgmaxSlices candidates.
 __global__ void argmax_pick_kernel(const ArgmaxCandidate* candidates, int n, int32_t* result) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   static_assert(kArgmaxSlices == 32, "one candidate per lane");
   const ArgmaxCandidate c = candidates[size_t(blockIdx.x) * kArgmaxSlices + threadIdx.x];
@@ -478,6 +488,7 @@ constexpr size_t draw_smem_bytes(int width) {
 // REQUIRES: blockDim.x == kDrawThreads; draw_smem_bytes(width) of dynamic shared memory; width > 0.
 __global__ void __launch_bounds__(kDrawThreads) draw_softmax_kernel(const float* __restrict__ x, int64_t ld, int width,
                                                                      const DrawJob* __restrict__ jobs, int32_t* tokens) {
+  MINFER_TIMELINE_PROBE();
   using namespace draw_math;
   extern __shared__ double draw_smem[];
   const int n_blocks = draw_blocks(width);
@@ -562,6 +573,7 @@ __device__ __forceinline__ RopedPair rope_pair(float* row, int p, const RopePara
 }
 
 __global__ void rope_kernel(float* x, int ld, int n_heads, RopeParams rp, const int32_t* positions) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int t = blockIdx.y;
   const int p = blockIdx.x * blockDim.x + threadIdx.x;
@@ -577,6 +589,7 @@ void launch_rope(float* x, int ld, int n_tokens, int n_heads, const RopeParams& 
 }
 
 __global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, const int32_t* slots) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int t = blockIdx.y;
   const int width = kv.n_kv_heads * kv.head_dim;
@@ -598,6 +611,7 @@ __global__ void kv_append_kernel(const float* k, const float* v, KvLayer kv, con
 constexpr int kRopeKvPairs = 4, kRopeKvThreads = 256;
 __global__ void rope_kv_kernel(float* q, int ldq, float* k, const float* v, int ld_kv, int n_q_heads, RopeParams rp,
                                KvLayer kv, const int32_t* positions, const int32_t* slots) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   const int t = blockIdx.y;
   const int half = rp.head_dim / 2, q_pairs = n_q_heads * half, k_pairs = kv.n_kv_heads * half;
@@ -828,6 +842,7 @@ __device__ __forceinline__ void store_pair_sums(const MatVecArgs& a, const MatVe
 
 template <int NT>
 __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_constant__ MatVecArgs a) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   MatVecPair w;
   if (!matvec_pair(a, w)) return;
@@ -862,6 +877,7 @@ __global__ void __launch_bounds__(kMvWarps * 32) matvec_kernel(const __grid_cons
 // type's pipelined loads need, not the widest type's.
 template <typename Unit>
 __global__ void __launch_bounds__(kMvWarps * 32) matvec_one_token_kernel(const __grid_constant__ MatVecArgs a) {
+  MINFER_TIMELINE_PROBE();
   MatVecPair w;
   if (!matvec_pair(a, w)) return;
   float acc[2][1] = {{0.0f}, {0.0f}};
@@ -1282,6 +1298,7 @@ struct AttnMma {
 // reaches both barriers of a slice (the slice loop is uniform over the block).
 template <typename Body>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   constexpr int HD = Body::kHeadDim, G = Body::kHeads, PW = Body::kPositions, NW = kAttnWarps;
   __shared__ __align__(16) AttnStash<HD, G> st;
@@ -1388,6 +1405,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 // shared memory; p.q8_rows > 0 only with G * HD == 256.
 template <int HD, int G>
 __global__ void attn_combine_kernel(const AttnParams p) {
+  MINFER_TIMELINE_PROBE();
   await_predecessor();
   extern __shared__ float ml[];  // a head's m (then the weight) of each split, then l of each split
   constexpr int T = HD / 2, kAhead = 4;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/timeline.cuh"
 #include "util/error.h"
 
 namespace minfer::cuda {
@@ -18,6 +19,7 @@ namespace minfer::cuda {
 __device__ __forceinline__ void await_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+  timeline_waited();
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
@@ -35,6 +37,9 @@ void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 
   pdl.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &pdl;
   config.numAttrs = s.pdl ? 1 : 0;
+#ifdef MINFER_TIMELINE
+  timeline_note_launch(name, int64_t(grid.x) * grid.y * grid.z);
+#endif
   const cudaError_t e = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
   if (e != cudaSuccess) fail("CUDA kernel ", name, ": ", cudaGetErrorString(e));
 }

@@ -638,6 +638,7 @@ __device__ __forceinline__ void several_tiles(const MmaArgs& a, float* red) {
 // tile's padding, and both dropped at the store. a.act.token0 % 32 == 0; NTF == 1: n_tokens <= 8.
 template <typename Group, int NTF>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(const __grid_constant__ MmaArgs a) {
+  MINFER_TIMELINE_PROBE();
   __shared__ float red[kReduceFloats<NTF>];
   if constexpr (NTF == 1 && Group::kSeveralTilesACta)
     several_tiles<Group, false>(a, red);
@@ -654,6 +655,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<NTF>) matmul_mma_kernel(c
 template <typename Group>
 __global__ void __launch_bounds__(kThreads, kSharedActivationsCtasPerSm)
     matmul_mma_shared_activations_kernel(const __grid_constant__ MmaArgs a) {
+  MINFER_TIMELINE_PROBE();
   __shared__ float red[kReduceFloats<1>];
   several_tiles<Group, true>(a, red);
 }
@@ -665,6 +667,7 @@ __global__ void __launch_bounds__(kThreads, kSharedActivationsCtasPerSm)
 // REQUIRES: as matmul_mma_kernel at NTF == 1; every segment is q4_K or q6_K; CTA b takes row
 // tiles b, b + gridDim.x, ...
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<1>) matmul_mma_q4k_q6k_kernel(const __grid_constant__ MmaArgs a) {
+  MINFER_TIMELINE_PROBE();
   __shared__ float red[kReduceFloats<1>];
   const int n_items = a.first_block[a.n_segs];
   bool first = true;
@@ -694,6 +697,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<1>) matmul_mma_q4k_q6k_ke
 // REQUIRES: as matmul_mma_kernel at NTF == 1, one row tile a CTA.
 template <typename Group>
 __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(const __grid_constant__ MmaArgs a) {
+  MINFER_TIMELINE_PROBE();
   __shared__ float red[kReduceFloats<1>];
   work_item<Group, 1, 2>(a, item_at<1>(a, int(blockIdx.x)), red);
 }
@@ -752,6 +756,7 @@ struct WeightRing {
 template <typename Group, int CtasPerSm, bool kSeveralTiles>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
+  MINFER_TIMELINE_PROBE();
   using Ring = WeightRing<Group, CtasPerSm>;
   __shared__ float red[kReduceFloats<1>];
   extern __shared__ __align__(128) uint8_t ring_stages[];
@@ -819,6 +824,7 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     for (int g = warp; g < n_groups; g += Ring::kWarpsACta) {
       const int r = g / kWarps, q = k * n_rounds + r, st = q % Ring::kStages;
       mbarrier_wait(shared_address(&full[q]), 0);
+      timeline_mark();  // the CTA's first stage has landed (timeline builds)
       Group cur;
       const uint32_t at = st * Ring::kStageBytes + (g % kWarps) * Group::kGroupBytes;
 #pragma unroll

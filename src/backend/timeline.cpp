@@ -1,0 +1,186 @@
+#include "backend/timeline.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+namespace minfer {
+namespace {
+
+double median_of(std::vector<uint64_t> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t h = v.size() / 2;
+  return v.size() % 2 ? double(v[h]) : 0.5 * (double(v[h - 1]) + double(v[h]));
+}
+
+// Total length of the union of [begin, end] intervals.
+uint64_t union_length(std::vector<std::pair<uint64_t, uint64_t>> spans) {
+  std::sort(spans.begin(), spans.end());
+  uint64_t total = 0, begin = 0, end = 0;
+  bool open = false;
+  for (const auto& [b, e] : spans) {
+    if (open && b <= end) {
+      end = std::max(end, e);
+      continue;
+    }
+    if (open) total += end - begin;
+    begin = b, end = e, open = true;
+  }
+  if (open) total += end - begin;
+  return total;
+}
+
+}  // namespace
+
+TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
+                                   const std::vector<TimelineCtaRecord>& ctas) {
+  TimelineSummary s;
+  if (ctas.empty()) {
+    for (const TimelineLaunch& l : launches) s.launches.push_back({l.label, l.kernel, l.ctas});
+    s.unmatched_launches = int(launches.size());
+    return s;
+  }
+  std::map<uint64_t, std::vector<const TimelineCtaRecord*>> by_grid;
+  uint64_t t0 = UINT64_MAX, t_end = 0;
+  std::vector<uint64_t> stamps;
+  for (const TimelineCtaRecord& c : ctas) {
+    by_grid[c.grid].push_back(&c);
+    t0 = std::min(t0, c.enter);
+    t_end = std::max(t_end, c.exit);
+    s.sms = std::max(s.sms, int(c.sm) + 1);
+    for (uint64_t t : {c.enter, c.wait, c.mark, c.exit})
+      if (t) stamps.push_back(t);
+  }
+  std::sort(stamps.begin(), stamps.end());
+  stamps.erase(std::unique(stamps.begin(), stamps.end()), stamps.end());
+  for (size_t i = 1; i < stamps.size(); ++i) {
+    const double d = double(stamps[i] - stamps[i - 1]);
+    if (s.tick_ns == 0 || d < s.tick_ns) s.tick_ns = d;
+  }
+  s.step_us = 1e-3 * double(t_end - t0);
+  s.origin = t0;
+
+  std::vector<std::vector<const TimelineCtaRecord*>> groups;
+  for (auto& [grid, g] : by_grid) groups.push_back(std::move(g));
+  const auto first_enter = [](const std::vector<const TimelineCtaRecord*>& g) {
+    uint64_t t = UINT64_MAX;
+    for (const TimelineCtaRecord* c : g) t = std::min(t, c->enter);
+    return t;
+  };
+  std::sort(groups.begin(), groups.end(),
+            [&](const auto& a, const auto& b) { return first_enter(a) < first_enter(b); });
+
+  const auto us = [&](double t) { return 1e-3 * (t - double(t0)); };
+  size_t next = 0;
+  double previous_exit = 0;
+  for (const TimelineLaunch& l : launches) {
+    TimelineRow row{l.label, l.kernel, l.ctas};
+    if (next < groups.size() && int64_t(groups[next].size()) == l.ctas) {
+      const auto& g = groups[next++];
+      s.launch_of_grid[g.front()->grid] = int(s.launches.size());
+      std::vector<uint64_t> enters, waits, marks, exits;
+      std::vector<bool> sm_seen(size_t(s.sms), false);
+      for (const TimelineCtaRecord* c : g) {
+        enters.push_back(c->enter);
+        exits.push_back(c->exit);
+        if (c->wait) waits.push_back(c->wait);
+        if (c->mark) marks.push_back(c->mark);
+        if (!sm_seen[c->sm]) sm_seen[c->sm] = true, ++row.sms;
+      }
+      row.recorded = int64_t(g.size());
+      row.waited = int64_t(waits.size());
+      row.first_enter = us(double(*std::min_element(enters.begin(), enters.end())));
+      row.last_enter = us(double(*std::max_element(enters.begin(), enters.end())));
+      row.first_wait = waits.empty() ? 0 : us(double(*std::min_element(waits.begin(), waits.end())));
+      row.median_wait = waits.empty() ? 0 : us(median_of(waits));
+      row.median_mark = marks.empty() ? 0 : us(median_of(marks));
+      row.median_exit = us(median_of(exits));
+      row.last_exit = us(double(*std::max_element(exits.begin(), exits.end())));
+      row.increment = row.last_exit - previous_exit;
+      row.release = waits.empty() ? 0 : row.first_wait - previous_exit;
+      previous_exit = row.last_exit;
+    } else {
+      ++s.unmatched_launches;
+    }
+    s.launches.push_back(row);
+  }
+  s.unmatched_grids = int(groups.size() - next);
+  for (size_t i = next; i < groups.size(); ++i) s.launch_of_grid[groups[i].front()->grid] = -1;
+
+  for (const TimelineRow& r : s.launches) {
+    if (!r.recorded) continue;
+    auto it = std::find_if(s.classes.begin(), s.classes.end(), [&](const TimelineClass& c) { return c.label == r.label; });
+    if (it == s.classes.end()) it = s.classes.insert(s.classes.end(), TimelineClass{r.label});
+    it->launches += 1;
+    it->ctas += r.ctas;
+    it->increment += r.increment;
+    it->release += r.release;
+    it->after_release += r.waited ? r.last_exit - r.first_wait : 0;
+    it->tail += r.last_exit - r.median_exit;
+  }
+
+  std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per_sm(size_t(s.sms));
+  for (const TimelineCtaRecord& c : ctas) per_sm[c.sm].push_back({c.enter, c.exit});
+  double busy = 0;
+  for (auto& spans : per_sm) busy += double(union_length(std::move(spans)));
+  s.sm_busy = t_end > t0 ? busy / (double(s.sms) * double(t_end - t0)) : 0;
+  return s;
+}
+
+std::string timeline_table(const TimelineSummary& s) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line,
+                "| launch class | launches | CTAs | µs in the step | share | release µs | after release µs | tail µs |\n"
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  out += line;
+  for (const TimelineClass& c : s.classes) {
+    std::snprintf(line, sizeof line, "| %s | %d | %lld | %.1f | %.1f%% | %.1f | %.1f | %.1f |\n", c.label.c_str(),
+                  c.launches, static_cast<long long>(c.ctas), c.increment,
+                  s.step_us > 0 ? 100.0 * c.increment / s.step_us : 0.0, c.release, c.after_release, c.tail);
+    out += line;
+  }
+  std::snprintf(line, sizeof line,
+                "\nstep %.1f µs over %d SMs, a CTA resident %.1f%% of the SM time; timer tick %.0f ns; %d "
+                "launches without records, %d record groups unmatched\n",
+                s.step_us, s.sms, 100.0 * s.sm_busy, s.tick_ns, s.unmatched_launches, s.unmatched_grids);
+  out += line;
+  return out;
+}
+
+std::string timeline_csv(const TimelineSummary& s) {
+  std::string out =
+      "index,label,kernel,ctas,recorded,sms,first_enter_us,last_enter_us,first_wait_us,median_wait_us,"
+      "median_mark_us,median_exit_us,last_exit_us,increment_us,release_us\n";
+  char line[512];
+  for (size_t i = 0; i < s.launches.size(); ++i) {
+    const TimelineRow& r = s.launches[i];
+    std::snprintf(line, sizeof line, "%zu,%s,%s,%lld,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", i,
+                  r.label.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctas),
+                  static_cast<long long>(r.recorded), r.sms, r.first_enter, r.last_enter, r.first_wait, r.median_wait,
+                  r.median_mark, r.median_exit, r.last_exit, r.increment, r.release);
+    out += line;
+  }
+  return out;
+}
+
+std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<TimelineCtaRecord>& ctas) {
+  std::string out = "launch,block,sm,enter_us,wait_us,mark_us,exit_us,clock_enter,clock_wait,clock_mark,clock_exit\n";
+  const auto us = [&](uint64_t t) {
+    if (!t) return std::string();
+    char b[32];
+    std::snprintf(b, sizeof b, "%.3f", 1e-3 * (double(t) - double(s.origin)));
+    return std::string(b);
+  };
+  for (const TimelineCtaRecord& c : ctas) {
+    const auto it = s.launch_of_grid.find(c.grid);
+    out += std::to_string(it == s.launch_of_grid.end() ? -1 : it->second) + "," + std::to_string(c.block) + "," +
+           std::to_string(c.sm) + "," + us(c.enter) + "," + us(c.wait) + "," + us(c.mark) + "," + us(c.exit) + "," +
+           std::to_string(c.clock_enter) + "," + std::to_string(c.clock_wait) + "," + std::to_string(c.clock_mark) + "," +
+           std::to_string(c.clock_exit) + "\n";
+  }
+  return out;
+}
+
+}  // namespace minfer

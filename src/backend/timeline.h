@@ -1,0 +1,91 @@
+// The in-graph timeline of one step: what thread 0 of every CTA of every kernel recorded (in a
+// CUDA build configured with -DMINFER_TIMELINE=ON: backend/cuda/timeline.cuh), matched to the
+// kernel launches the host made, and summarized. A launch's cost inside a CUDA graph is how much
+// later the step's chain of launches ends because of it: its last CTA's exit minus the previous
+// launch's (the census times launches one by one, serialized, which no graph step does).
+// Plain C++: the matching and the summary are tested on the CPU (tests/test_timeline.cpp).
+#pragma once
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace minfer {
+
+// One CTA, as its thread 0 saw it: %gridid of its launch, its SM, and %globaltimer (ns) at the
+// kernel's first statement, when its wait for the stream's previous kernel returned, at the kernel's
+// own mark (the weight ring: its first stage landed) and at thread 0's exit; 0 where a kernel has
+// no such point; and its SM's %clock64 at the same four points (where the global timer ticks coarsely,
+// each SM's cycle count against it places the events finer). A plain aggregate: the device writes it
+// as it is.
+struct TimelineCtaRecord {
+  uint64_t grid;
+  uint64_t enter, wait, mark, exit;
+  uint64_t clock_enter, clock_wait, clock_mark, clock_exit;
+  uint32_t block;  // linear block index
+  uint32_t sm;
+};
+
+// A kernel launch as the host made it, in stream order: the plan launch it belongs to (the census
+// label), the launcher's kernel name, its CTAs.
+struct TimelineLaunch {
+  std::string label;
+  std::string kernel;
+  int64_t ctas = 0;
+};
+
+// One launch of the step; times in µs from the step's first CTA entry.
+struct TimelineRow {
+  std::string label, kernel;
+  int64_t ctas = 0;
+  int64_t recorded = 0;  // 0: no CTA of it recorded (a kernel without the probe)
+  int64_t waited = 0;    // CTAs that recorded their wait for the previous kernel
+  double first_enter = 0, last_enter = 0;
+  double first_wait = 0, median_wait = 0;  // its predecessor complete (PDL)
+  double median_mark = 0;                  // 0: the kernel has no mark
+  double median_exit = 0, last_exit = 0;
+  // last_exit minus the previous recorded launch's last_exit: the launch's share of the step.
+  double increment = 0;
+  // first_wait minus the previous recorded launch's last_exit: from the predecessor's end to
+  // this launch's release.
+  double release = 0;
+  int sms = 0;  // SMs that held at least one of its CTAs
+};
+
+// The launches of one label (a class of launch) added up.
+struct TimelineClass {
+  std::string label;
+  int launches = 0;
+  int64_t ctas = 0;
+  double increment = 0, release = 0;
+  double after_release = 0;  // sum of last_exit - first_wait
+  double tail = 0;           // sum of last_exit - median_exit
+};
+
+struct TimelineSummary {
+  std::vector<TimelineRow> launches;
+  std::vector<TimelineClass> classes;  // in order of first appearance
+  double step_us = 0;                  // first entry to last exit
+  int sms = 0;                         // SMs seen (highest %smid + 1)
+  double sm_busy = 0;                  // share of SM time with a CTA of any kernel resident
+  int unmatched_launches = 0;          // launches no record group matched
+  int unmatched_grids = 0;             // record groups left over after the matching
+  double tick_ns = 0;                  // the smallest nonzero step between two timer values
+  uint64_t origin = 0;                 // the step's first entry (ns)
+  std::map<uint64_t, int> launch_of_grid;  // each record group's launch (index), -1 unmatched
+};
+
+// Groups the records by launch (%gridid), orders the groups by first entry and pairs them with the
+// launches in stream order: a group goes to the next launch of its CTA count; a launch whose count
+// the next group does not have recorded nothing.
+TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
+                                   const std::vector<TimelineCtaRecord>& ctas);
+// The per-class table and the step's totals (markdown).
+std::string timeline_table(const TimelineSummary& s);
+// One line per launch (the rows above).
+std::string timeline_csv(const TimelineSummary& s);
+// One line per CTA: its launch (index into s.launches, -1 unmatched), block, SM, times in µs from
+// the step's first entry (empty where it has none) and the four clock readings.
+std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<TimelineCtaRecord>& ctas);
+
+}  // namespace minfer

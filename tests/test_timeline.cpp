@@ -1,0 +1,98 @@
+// The timeline's matching of CTA records to launches and its sums (backend/timeline.h), on records
+// written by hand: the probes themselves run only in a build configured with -DMINFER_TIMELINE=ON.
+#include <gtest/gtest.h>
+
+#include "backend/timeline.h"
+
+namespace minfer {
+namespace {
+
+// A CTA of launch `grid` on SM `sm`, times in ns after an origin of 1 s (0 means "none").
+TimelineCtaRecord cta(uint64_t grid, uint32_t sm, uint64_t enter, uint64_t wait, uint64_t exit, uint64_t mark = 0) {
+  const uint64_t origin = 1'000'000'000;
+  return {grid, origin + enter, wait ? origin + wait : 0, mark ? origin + mark : 0, origin + exit, 2 * enter, 2 * wait,
+          2 * mark, 2 * exit, 0, sm};
+}
+
+TEST(Timeline, GroupsGoToLaunchesInOrderOfFirstEntrySkippingLaunchesWithoutRecords) {
+  // Grid ids do not follow time: the later launch has the smaller id.
+  const std::vector<TimelineLaunch> launches = {
+      {"rms_norm", "rms_norm", 2}, {"embed", "embed", 3}, {"matvec_qkv", "matmul_mma", 2}};
+  const std::vector<TimelineCtaRecord> ctas = {
+      cta(900, 0, 0, 1000, 3000), cta(900, 1, 500, 1200, 4000),            // rms_norm
+      cta(7, 1, 3500, 4500, 9000, 6000), cta(7, 2, 3600, 4600, 8000, 7000),  // matvec_qkv
+  };
+  const TimelineSummary s = summarize_timeline(launches, ctas);
+  ASSERT_EQ(s.launches.size(), 3u);
+  EXPECT_EQ(s.unmatched_launches, 1);
+  EXPECT_EQ(s.unmatched_grids, 0);
+  const TimelineRow& norm = s.launches[0];
+  EXPECT_EQ(norm.recorded, 2);
+  EXPECT_EQ(norm.waited, 2);
+  EXPECT_EQ(norm.sms, 2);
+  EXPECT_DOUBLE_EQ(norm.first_enter, 0.0);
+  EXPECT_DOUBLE_EQ(norm.last_enter, 0.5);
+  EXPECT_DOUBLE_EQ(norm.first_wait, 1.0);
+  EXPECT_DOUBLE_EQ(norm.median_wait, 1.1);
+  EXPECT_DOUBLE_EQ(norm.median_exit, 3.5);
+  EXPECT_DOUBLE_EQ(norm.last_exit, 4.0);
+  EXPECT_DOUBLE_EQ(norm.increment, 4.0);
+  EXPECT_DOUBLE_EQ(norm.median_mark, 0.0);
+  EXPECT_EQ(s.launches[1].recorded, 0);
+  const TimelineRow& qkv = s.launches[2];
+  EXPECT_EQ(qkv.recorded, 2);
+  EXPECT_DOUBLE_EQ(qkv.increment, 5.0);  // 9.0 - 4.0
+  EXPECT_DOUBLE_EQ(qkv.release, 0.5);    // its first wait 4.5 after the norm's last exit 4.0
+  EXPECT_DOUBLE_EQ(qkv.median_mark, 6.5);
+  EXPECT_DOUBLE_EQ(s.step_us, 9.0);
+  EXPECT_EQ(s.sms, 3);
+  EXPECT_EQ(timeline_cta_csv(s, {ctas[2]}),
+            "launch,block,sm,enter_us,wait_us,mark_us,exit_us,clock_enter,clock_wait,clock_mark,clock_exit\n"
+            "2,0,1,3.500,4.500,6.000,9.000,7000,9000,12000,18000\n");
+}
+
+TEST(Timeline, SmBusyCountsOverlappingCtasOfAnSmOnce) {
+  const std::vector<TimelineLaunch> launches = {{"a", "k", 2}, {"b", "k", 1}};
+  // SM 0: [0, 10] and [5, 15] -> 15 ns; SM 1: [20, 30] -> 10 ns; the step is 30 ns on 2 SMs.
+  const std::vector<TimelineCtaRecord> ctas = {cta(1, 0, 0, 0, 10), cta(1, 0, 5, 0, 15), cta(2, 1, 20, 0, 30)};
+  const TimelineSummary s = summarize_timeline(launches, ctas);
+  EXPECT_EQ(s.sms, 2);
+  EXPECT_DOUBLE_EQ(s.sm_busy, 25.0 / 60.0);
+  EXPECT_DOUBLE_EQ(s.tick_ns, 5.0);  // distinct stamps 0, 5, 10, 15, 20, 30
+  EXPECT_DOUBLE_EQ(s.launches[1].release, 0.0);  // no wait recorded
+}
+
+TEST(Timeline, ClassesAddTheirLaunchesAndLeftoverGroupsAreCounted) {
+  const std::vector<TimelineLaunch> launches = {{"gate_up", "matmul_mma", 1}, {"swiglu", "swiglu", 1},
+                                                {"gate_up", "matmul_mma", 1}};
+  const std::vector<TimelineCtaRecord> ctas = {
+      cta(1, 0, 0, 100, 2000),    cta(2, 0, 2100, 2200, 3000), cta(3, 0, 3100, 3300, 6000),
+      cta(4, 0, 6100, 6200, 6500),  // a kernel the launches do not list (a draw after the graph)
+  };
+  const TimelineSummary s = summarize_timeline(launches, ctas);
+  EXPECT_EQ(s.unmatched_launches, 0);
+  EXPECT_EQ(s.unmatched_grids, 1);
+  EXPECT_EQ(s.launch_of_grid.at(4), -1);
+  EXPECT_EQ(s.launch_of_grid.at(3), 2);
+  ASSERT_EQ(s.classes.size(), 2u);
+  EXPECT_EQ(s.classes[0].label, "gate_up");
+  EXPECT_EQ(s.classes[0].launches, 2);
+  EXPECT_DOUBLE_EQ(s.classes[0].increment, 2.0 + 3.0);
+  EXPECT_DOUBLE_EQ(s.classes[0].release, 0.1 + 0.3);
+  EXPECT_DOUBLE_EQ(s.classes[0].after_release, 1.9 + 2.7);
+  EXPECT_EQ(s.classes[1].label, "swiglu");
+  EXPECT_DOUBLE_EQ(s.classes[1].increment, 1.0);
+  const std::string table = timeline_table(s);
+  EXPECT_NE(table.find("| gate_up | 2 | 2 | 5.0 |"), std::string::npos) << table;
+  EXPECT_NE(timeline_csv(s).find("2,gate_up,matmul_mma,1,1,1,"), std::string::npos);
+}
+
+TEST(Timeline, NoRecordsLeaveEveryLaunchUnmatched) {
+  const TimelineSummary s = summarize_timeline({{"a", "k", 4}}, {});
+  EXPECT_EQ(s.unmatched_launches, 1);
+  EXPECT_EQ(s.launches.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.step_us, 0.0);
+}
+
+}  // namespace
+}  // namespace minfer
