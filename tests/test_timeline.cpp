@@ -2,6 +2,10 @@
 // written by hand: the probes themselves run only in a build configured with -DMINFER_TIMELINE=ON.
 #include <gtest/gtest.h>
 
+#include <array>
+#include <cmath>
+#include <random>
+
 #include "backend/timeline.h"
 
 namespace minfer {
@@ -85,6 +89,39 @@ TEST(Timeline, ClassesAddTheirLaunchesAndLeftoverGroupsAreCounted) {
   const std::string table = timeline_table(s);
   EXPECT_NE(table.find("| gate_up | 2 | 2 | 5.0 |"), std::string::npos) << table;
   EXPECT_NE(timeline_csv(s).find("2,gate_up,matmul_mma,1,1,1,"), std::string::npos);
+}
+
+// A timer of 1 µs ticks (what the summary sees when %globaltimer updates coarsely): the events are
+// placed by each SM's cycle count, within a small part of a tick of their true times.
+TEST(Timeline, ACoarseTimerIsRefinedByEachSmsClock) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<double> when(0.0, 20000.0);  // ns into the step
+  const uint64_t origin = 5'000'000'000;
+  const double ghz = 1.98;
+  std::vector<TimelineCtaRecord> ctas;
+  std::vector<std::array<double, 2>> truth;  // enter, exit in ns
+  for (uint32_t sm = 0; sm < 4; ++sm) {
+    const uint64_t clock_offset = 1'000'000'000ull * (sm + 1) + 12345 * sm;
+    for (int i = 0; i < 60; ++i) {
+      const double enter = when(rng), exit = enter + 500 + when(rng) / 10;
+      const auto timer = [&](double t) { return origin + uint64_t(t) / 1000 * 1000; };  // ticks of 1 µs
+      const auto clock = [&](double t) { return clock_offset + uint64_t(std::llround(t * ghz)); };
+      ctas.push_back({1, timer(enter), 0, 0, timer(exit), clock(enter), 0, 0, clock(exit), uint32_t(i), sm});
+      truth.push_back({enter, exit});
+    }
+  }
+  EXPECT_DOUBLE_EQ(timer_tick_ns(ctas), 1000.0);
+  const std::vector<TimelineCtaRecord> placed = place_by_clock(ctas, 1000.0);
+  double worst = 0;
+  for (size_t i = 0; i < placed.size(); ++i) {
+    worst = std::max(worst, std::abs(double(placed[i].enter - origin) - truth[i][0]));
+    worst = std::max(worst, std::abs(double(placed[i].exit - origin) - truth[i][1]));
+    EXPECT_EQ(placed[i].wait, 0u);  // events not recorded stay absent
+  }
+  EXPECT_LT(worst, 150.0);  // against 1,000 ns for the raw timer
+  const TimelineSummary s = summarize_timeline({{"a", "k", int64_t(ctas.size())}}, ctas);
+  EXPECT_TRUE(s.placed_by_clock);
+  EXPECT_EQ(s.launches[0].recorded, int64_t(ctas.size()));
 }
 
 TEST(Timeline, NoRecordsLeaveEveryLaunchUnmatched) {

@@ -1,6 +1,8 @@
 #include "backend/timeline.h"
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -33,9 +35,68 @@ uint64_t union_length(std::vector<std::pair<uint64_t, uint64_t>> spans) {
 
 }  // namespace
 
+double timer_tick_ns(const std::vector<TimelineCtaRecord>& ctas) {
+  std::vector<uint64_t> stamps;
+  for (const TimelineCtaRecord& c : ctas)
+    for (uint64_t t : {c.enter, c.wait, c.mark, c.exit})
+      if (t) stamps.push_back(t);
+  std::sort(stamps.begin(), stamps.end());
+  stamps.erase(std::unique(stamps.begin(), stamps.end()), stamps.end());
+  double tick = 0;
+  for (size_t i = 1; i < stamps.size(); ++i) {
+    const double d = double(stamps[i] - stamps[i - 1]);
+    if (tick == 0 || d < tick) tick = d;
+  }
+  return tick;
+}
+
+std::vector<TimelineCtaRecord> place_by_clock(const std::vector<TimelineCtaRecord>& ctas, double tick_ns) {
+  const auto events = [](TimelineCtaRecord& c) {
+    return std::array<std::pair<uint64_t*, uint64_t>, 4>{
+        {{&c.enter, c.clock_enter}, {&c.wait, c.clock_wait}, {&c.mark, c.clock_mark}, {&c.exit, c.clock_exit}}};
+  };
+  // Per SM: its events as (cycles, ns) relative to its first event, so that doubles hold them exactly.
+  struct Fit {
+    uint64_t clock0 = 0, time0 = 0;
+    std::vector<std::pair<double, double>> points;
+    double slope = 0, intercept = 0;
+    bool ok = false;
+  };
+  std::map<uint32_t, Fit> fits;
+  std::vector<TimelineCtaRecord> out = ctas;
+  for (TimelineCtaRecord& c : out)
+    for (const auto& [t, clock] : events(c)) {
+      if (!*t) continue;
+      Fit& f = fits[c.sm];
+      if (f.points.empty()) f.clock0 = clock, f.time0 = *t;
+      f.points.push_back({double(int64_t(clock - f.clock0)), double(int64_t(*t - f.time0)) + 0.5 * tick_ns});
+    }
+  for (auto& [sm, f] : fits) {
+    double mx = 0, my = 0;
+    for (const auto& [x, y] : f.points) mx += x, my += y;
+    mx /= double(f.points.size()), my /= double(f.points.size());
+    double sxx = 0, sxy = 0;
+    for (const auto& [x, y] : f.points) sxx += (x - mx) * (x - mx), sxy += (x - mx) * (y - my);
+    if (f.points.size() < 2 || sxx <= 0) continue;
+    f.slope = sxy / sxx, f.intercept = my - f.slope * mx, f.ok = true;
+  }
+  for (TimelineCtaRecord& c : out) {
+    const Fit& f = fits[c.sm];
+    if (!f.ok) continue;
+    for (const auto& [t, clock] : events(c))
+      if (*t) *t = f.time0 + uint64_t(std::llround(f.slope * double(int64_t(clock - f.clock0)) + f.intercept));
+  }
+  return out;
+}
+
 TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
-                                   const std::vector<TimelineCtaRecord>& ctas) {
+                                   const std::vector<TimelineCtaRecord>& recorded) {
   TimelineSummary s;
+  s.tick_ns = timer_tick_ns(recorded);
+  s.placed_by_clock = s.tick_ns >= kCoarseTimerTickNs;
+  const std::vector<TimelineCtaRecord> placed = s.placed_by_clock ? place_by_clock(recorded, s.tick_ns)
+                                                                  : std::vector<TimelineCtaRecord>{};
+  const std::vector<TimelineCtaRecord>& ctas = s.placed_by_clock ? placed : recorded;
   if (ctas.empty()) {
     for (const TimelineLaunch& l : launches) s.launches.push_back({l.label, l.kernel, l.ctas});
     s.unmatched_launches = int(launches.size());
@@ -43,20 +104,11 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
   }
   std::map<uint64_t, std::vector<const TimelineCtaRecord*>> by_grid;
   uint64_t t0 = UINT64_MAX, t_end = 0;
-  std::vector<uint64_t> stamps;
   for (const TimelineCtaRecord& c : ctas) {
     by_grid[c.grid].push_back(&c);
     t0 = std::min(t0, c.enter);
     t_end = std::max(t_end, c.exit);
     s.sms = std::max(s.sms, int(c.sm) + 1);
-    for (uint64_t t : {c.enter, c.wait, c.mark, c.exit})
-      if (t) stamps.push_back(t);
-  }
-  std::sort(stamps.begin(), stamps.end());
-  stamps.erase(std::unique(stamps.begin(), stamps.end()), stamps.end());
-  for (size_t i = 1; i < stamps.size(); ++i) {
-    const double d = double(stamps[i] - stamps[i - 1]);
-    if (s.tick_ns == 0 || d < s.tick_ns) s.tick_ns = d;
   }
   s.step_us = 1e-3 * double(t_end - t0);
   s.origin = t0;
@@ -142,9 +194,10 @@ std::string timeline_table(const TimelineSummary& s) {
     out += line;
   }
   std::snprintf(line, sizeof line,
-                "\nstep %.1f µs over %d SMs, a CTA resident %.1f%% of the SM time; timer tick %.0f ns; %d "
+                "\nstep %.1f µs over %d SMs, a CTA resident %.1f%% of the SM time; timer tick %.0f ns%s; %d "
                 "launches without records, %d record groups unmatched\n",
-                s.step_us, s.sms, 100.0 * s.sm_busy, s.tick_ns, s.unmatched_launches, s.unmatched_grids);
+                s.step_us, s.sms, 100.0 * s.sm_busy, s.tick_ns, s.placed_by_clock ? " (events placed by SM clocks)" : "",
+                s.unmatched_launches, s.unmatched_grids);
   out += line;
   return out;
 }
@@ -165,7 +218,8 @@ std::string timeline_csv(const TimelineSummary& s) {
   return out;
 }
 
-std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<TimelineCtaRecord>& ctas) {
+std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<TimelineCtaRecord>& recorded) {
+  const std::vector<TimelineCtaRecord> ctas = s.placed_by_clock ? place_by_clock(recorded, s.tick_ns) : recorded;
   std::string out = "launch,block,sm,enter_us,wait_us,mark_us,exit_us,clock_enter,clock_wait,clock_mark,clock_exit\n";
   const auto us = [&](uint64_t t) {
     if (!t) return std::string();

@@ -71,13 +71,25 @@ struct TimelineSummary {
   int unmatched_launches = 0;          // launches no record group matched
   int unmatched_grids = 0;             // record groups left over after the matching
   double tick_ns = 0;                  // the smallest nonzero step between two timer values
+  bool placed_by_clock = false;        // the times are place_by_clock's (the timer ticked coarsely)
   uint64_t origin = 0;                 // the step's first entry (ns)
   std::map<uint64_t, int> launch_of_grid;  // each record group's launch (index), -1 unmatched
 };
 
+// The smallest nonzero step between two of the records' timer values (ns; 0 if there is none).
+double timer_tick_ns(const std::vector<TimelineCtaRecord>& ctas);
+// Where the timer's tick is at least this, summarize_timeline places events by their SMs' clocks.
+constexpr double kCoarseTimerTickNs = 200;
+// The records with every event's timer value replaced by its SM's clock reading mapped onto the
+// timer: a least-squares line a SM from clock to timer over all its events (each timer value taken
+// at the middle of its tick), so that events a coarse tick apart are ordered and spaced by their
+// cycles. SMs with fewer than two distinct clock readings keep their timer values.
+std::vector<TimelineCtaRecord> place_by_clock(const std::vector<TimelineCtaRecord>& ctas, double tick_ns);
+
 // Groups the records by launch (%gridid), orders the groups by first entry and pairs them with the
 // launches in stream order: a group goes to the next launch of its CTA count; a launch whose count
-// the next group does not have recorded nothing.
+// the next group does not have recorded nothing. Where the timer ticks coarsely
+// (kCoarseTimerTickNs), the events are placed by clock first.
 TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
                                    const std::vector<TimelineCtaRecord>& ctas);
 // The per-class table and the step's totals (markdown).

@@ -664,6 +664,8 @@ TEST(GpuBackend, TimelineRecordsEveryCtaOfAStepInLaunchOrder) {
   EXPECT_EQ(t.unmatched_grids, 0);
   std::map<std::string, int> by_label;
   double previous_exit = 0, increments = 0;
+  // Events placed by SM clocks (a coarse timer) may misplace a launch's end by a small part of a tick.
+  const double slack = t.placed_by_clock ? 0.25e-3 * t.tick_ns : 0.0;
   for (size_t i = 0; i < t.launches.size(); ++i) {
     const TimelineRow& r = t.launches[i];
     ++by_label[r.label];
@@ -672,12 +674,12 @@ TEST(GpuBackend, TimelineRecordsEveryCtaOfAStepInLaunchOrder) {
     EXPECT_EQ(r.waited, r.ctas) << i;  // every kernel waits (await_predecessor)
     EXPECT_LE(r.first_enter, r.first_wait) << i;
     EXPECT_LE(r.first_wait, r.last_exit) << i;
-    if (i > 0) EXPECT_GE(r.release, 0.0) << i << " " << r.label;
-    EXPECT_GE(r.last_exit, previous_exit) << i;
+    if (i > 0) EXPECT_GE(r.release, -slack) << i << " " << r.label;
+    EXPECT_GE(r.last_exit, previous_exit - slack) << i;
     previous_exit = r.last_exit;
     increments += r.increment;
   }
-  EXPECT_NEAR(increments, t.step_us, 1e-6);
+  EXPECT_NEAR(increments, t.step_us, 1e-6 + 4 * slack);
   EXPECT_EQ(by_label["rms_norm_quant_q8"], 2 * s.model.hp.n_layer + 1);
   EXPECT_EQ(by_label["argmax"], 2);  // slices, then the pick
   EXPECT_GT(t.sm_busy, 0.0);
