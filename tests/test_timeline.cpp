@@ -11,9 +11,10 @@
 namespace minfer {
 namespace {
 
-// A CTA of launch `grid` on SM `sm`, times in ns after an origin of 1 s (0 means "none").
+// A CTA of launch `grid` on SM `sm`, times in ns after an origin like %globaltimer's (ns since 1970,
+// beyond what a double holds to the ns), 0 meaning "none".
 TimelineCtaRecord cta(uint64_t grid, uint32_t sm, uint64_t enter, uint64_t wait, uint64_t exit, uint64_t mark = 0) {
-  const uint64_t origin = 1'000'000'000;
+  const uint64_t origin = 1'796'450'000'000'000'123;
   return {grid, origin + enter, wait ? origin + wait : 0, mark ? origin + mark : 0, origin + exit, 2 * enter, 2 * wait,
           2 * mark, 2 * exit, 0, sm};
 }
@@ -96,7 +97,7 @@ TEST(Timeline, ClassesAddTheirLaunchesAndLeftoverGroupsAreCounted) {
 TEST(Timeline, ACoarseTimerIsRefinedByEachSmsClock) {
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> when(0.0, 20000.0);  // ns into the step
-  const uint64_t origin = 5'000'000'000;
+  const uint64_t origin = 1'796'450'000'000'000'000;
   const double ghz = 1.98;
   std::vector<TimelineCtaRecord> ctas;
   std::vector<std::array<double, 2>> truth;  // enter, exit in ns

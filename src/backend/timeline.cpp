@@ -123,7 +123,9 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
   std::sort(groups.begin(), groups.end(),
             [&](const auto& a, const auto& b) { return first_enter(a) < first_enter(b); });
 
-  const auto us = [&](double t) { return 1e-3 * (t - double(t0)); };
+  // Timer values are ns since an epoch (~1.8e18): subtract in integers, then convert (a double holds
+  // such a value only to 256 ns).
+  const auto us = [](double since_t0) { return 1e-3 * since_t0; };
   size_t next = 0;
   double previous_exit = 0;
   for (const TimelineLaunch& l : launches) {
@@ -134,10 +136,10 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
       std::vector<uint64_t> enters, waits, marks, exits;
       std::vector<bool> sm_seen(size_t(s.sms), false);
       for (const TimelineCtaRecord* c : g) {
-        enters.push_back(c->enter);
-        exits.push_back(c->exit);
-        if (c->wait) waits.push_back(c->wait);
-        if (c->mark) marks.push_back(c->mark);
+        enters.push_back(c->enter - t0);
+        exits.push_back(c->exit - t0);
+        if (c->wait) waits.push_back(c->wait - t0);
+        if (c->mark) marks.push_back(c->mark - t0);
         if (!sm_seen[c->sm]) sm_seen[c->sm] = true, ++row.sms;
       }
       row.recorded = int64_t(g.size());
@@ -224,7 +226,7 @@ std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<Timelin
   const auto us = [&](uint64_t t) {
     if (!t) return std::string();
     char b[32];
-    std::snprintf(b, sizeof b, "%.3f", 1e-3 * (double(t) - double(s.origin)));
+    std::snprintf(b, sizeof b, "%.3f", 1e-3 * double(int64_t(t - s.origin)));
     return std::string(b);
   };
   for (const TimelineCtaRecord& c : ctas) {
