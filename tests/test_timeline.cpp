@@ -11,7 +11,7 @@
 namespace minfer {
 namespace {
 
-// A CTA of launch `grid` on SM `sm`, times in ns after an origin like %globaltimer's (ns since 1970,
+// A CTA of launch `grid` on SM `sm`, times in ns after an origin like %globaltimer's (it may count ns since 1970,
 // beyond what a double holds to the ns), 0 meaning "none".
 TimelineCtaRecord cta(uint64_t grid, uint32_t sm, uint64_t enter, uint64_t wait, uint64_t exit, uint64_t mark = 0) {
   const uint64_t origin = 1'796'450'000'000'000'123;

@@ -123,7 +123,7 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
   std::sort(groups.begin(), groups.end(),
             [&](const auto& a, const auto& b) { return first_enter(a) < first_enter(b); });
 
-  // Timer values are ns since an epoch (~1.8e18): subtract in integers, then convert (a double holds
+  // Timer values may count ns since 1970 (~1.8e18): subtract in integers, then convert (a double holds
   // such a value only to 256 ns).
   const auto us = [](double since_t0) { return 1e-3 * since_t0; };
   size_t next = 0;
