@@ -1,7 +1,8 @@
 // The timeline probes (backend/timeline.h): in a build configured with -DMINFER_TIMELINE=ON,
 // MINFER_TIMELINE_PROBE() at a kernel's first statement makes thread 0 of each CTA read %globaltimer
-// (and its SM's %clock64) there, after the PDL wait (await_predecessor calls timeline_waited) and at the kernel's own
-// timeline_mark(), and store one TimelineCtaRecord when it leaves the kernel, by whichever return.
+// (and its SM's %clock64) there, after the PDL wait (await_predecessor calls timeline_waited) and
+// at the kernel's own timeline_mark(), and store one TimelineCtaRecord when it leaves the kernel,
+// by whichever return.
 // In every other build the probe is a statement that does nothing and the two calls are empty, so
 // those kernels' machine code is what it is without them (scripts/sass).
 // Thread 0's exit is the CTA's where thread 0 finishes last or with the rest (the matmuls' join, the
