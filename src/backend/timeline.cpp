@@ -94,9 +94,8 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
   TimelineSummary s;
   s.tick_ns = timer_tick_ns(recorded);
   s.placed_by_clock = s.tick_ns >= kCoarseTimerTickNs;
-  const std::vector<TimelineCtaRecord> placed = s.placed_by_clock ? place_by_clock(recorded, s.tick_ns)
-                                                                  : std::vector<TimelineCtaRecord>{};
-  const std::vector<TimelineCtaRecord>& ctas = s.placed_by_clock ? placed : recorded;
+  s.ctas = s.placed_by_clock ? place_by_clock(recorded, s.tick_ns) : recorded;
+  const std::vector<TimelineCtaRecord>& ctas = s.ctas;
   if (ctas.empty()) {
     for (const TimelineLaunch& l : launches) s.launches.push_back({l.label, l.kernel, l.ctas});
     s.unmatched_launches = int(launches.size());
@@ -113,15 +112,16 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
   s.step_us = 1e-3 * double(t_end - t0);
   s.origin = t0;
 
+  // The groups by their first entry (each group's earliest enter computed once).
+  std::vector<std::pair<uint64_t, std::vector<const TimelineCtaRecord*>>> entered;
+  for (auto& [grid, g] : by_grid) {
+    uint64_t first = UINT64_MAX;
+    for (const TimelineCtaRecord* c : g) first = std::min(first, c->enter);
+    entered.push_back({first, std::move(g)});
+  }
+  std::sort(entered.begin(), entered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   std::vector<std::vector<const TimelineCtaRecord*>> groups;
-  for (auto& [grid, g] : by_grid) groups.push_back(std::move(g));
-  const auto first_enter = [](const std::vector<const TimelineCtaRecord*>& g) {
-    uint64_t t = UINT64_MAX;
-    for (const TimelineCtaRecord* c : g) t = std::min(t, c->enter);
-    return t;
-  };
-  std::sort(groups.begin(), groups.end(),
-            [&](const auto& a, const auto& b) { return first_enter(a) < first_enter(b); });
+  for (auto& [first, g] : entered) groups.push_back(std::move(g));
 
   // Timer values may count ns since 1970 (~1.8e18): subtract in integers, then convert (a double holds
   // such a value only to 256 ns).
@@ -220,8 +220,7 @@ std::string timeline_csv(const TimelineSummary& s) {
   return out;
 }
 
-std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<TimelineCtaRecord>& recorded) {
-  const std::vector<TimelineCtaRecord> ctas = s.placed_by_clock ? place_by_clock(recorded, s.tick_ns) : recorded;
+std::string timeline_cta_csv(const TimelineSummary& s) {
   std::string out = "launch,block,sm,enter_us,wait_us,mark_us,exit_us,clock_enter,clock_wait,clock_mark,clock_exit\n";
   const auto us = [&](uint64_t t) {
     if (!t) return std::string();
@@ -229,7 +228,7 @@ std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<Timelin
     std::snprintf(b, sizeof b, "%.3f", 1e-3 * double(int64_t(t - s.origin)));
     return std::string(b);
   };
-  for (const TimelineCtaRecord& c : ctas) {
+  for (const TimelineCtaRecord& c : s.ctas) {
     const auto it = s.launch_of_grid.find(c.grid);
     out += std::to_string(it == s.launch_of_grid.end() ? -1 : it->second) + "," + std::to_string(c.block) + "," +
            std::to_string(c.sm) + "," + us(c.enter) + "," + us(c.wait) + "," + us(c.mark) + "," + us(c.exit) + "," +

@@ -73,6 +73,7 @@ struct TimelineSummary {
   double tick_ns = 0;                  // the smallest nonzero step between two timer values
   bool placed_by_clock = false;        // the times are place_by_clock's (the timer ticked coarsely)
   uint64_t origin = 0;                 // the step's first entry (ns)
+  std::vector<TimelineCtaRecord> ctas;     // the records summarized (placed by clock where it says so)
   std::map<uint64_t, int> launch_of_grid;  // each record group's launch (index), -1 unmatched
 };
 
@@ -96,8 +97,8 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
 std::string timeline_table(const TimelineSummary& s);
 // One line per launch (the rows above).
 std::string timeline_csv(const TimelineSummary& s);
-// One line per CTA: its launch (index into s.launches, -1 unmatched), block, SM, times in µs from
-// the step's first entry (empty where it has none) and the four clock readings.
-std::string timeline_cta_csv(const TimelineSummary& s, const std::vector<TimelineCtaRecord>& ctas);
+// One line per CTA of s.ctas: its launch (index into s.launches, -1 unmatched), block, SM, times in
+// µs from the step's first entry (empty where it has none) and the four clock readings.
+std::string timeline_cta_csv(const TimelineSummary& s);
 
 }  // namespace minfer

@@ -400,7 +400,7 @@ int run_bench(int argc, char** argv) {
     std::printf("\n### decode step x%d @ d%d inside its graph (the probes' build)\n\n%s", bs.front(), ds.front(),
                 timeline_table(t).c_str());
     for (const auto& [path, text] : {std::pair{timeline, timeline_csv(t)},
-                                     std::pair{timeline + ".ctas.csv", timeline_cta_csv(t, cb.timeline_ctas())}}) {
+                                     std::pair{timeline + ".ctas.csv", timeline_cta_csv(t)}}) {
       OutputFile out(path);
       out.write(text);
       out.commit();

@@ -176,7 +176,6 @@ struct CudaBackend::Impl {
   bool timeline_next = false;
   std::vector<TimelineLaunch> eager_kernels;
   TimelineSummary last_timeline;
-  std::vector<TimelineCtaRecord> last_timeline_ctas;
 
   Impl(const Model& m, Fusions f, int device)
       : model(m), graph(build_graph(m)), hp(m.hp), fusions(f), ctx(device), weights(m, graph, upload) {
@@ -470,6 +469,7 @@ struct CudaBackend::Impl {
     Geometry geo{rows, use_graph ? rows : decode_rows, use_graph ? rows : n_out, int(io.tiles.size())};
     geo.attention_head_chunks = attention_head_chunks(geo.decode, max_len);
     const StepShape shape{geo.decode > 0, geo.decode < geo.n, all_rows_out};
+    const std::vector<TimelineLaunch>* step_kernels = &eager_kernels;  // the kernels this step launches
     if (use_graph) {
       const std::pair<int, int> key{rows, geo.attention_head_chunks};
       auto it = graphs.find(key);
@@ -498,6 +498,7 @@ struct CudaBackend::Impl {
         it = graphs.emplace(key, Captured{std::move(exec), std::move(plan), std::move(kernels)}).first;
       }
       launches = &it->second.launches;
+      step_kernels = &it->second.kernels;
       if (record_timeline) timeline_reset(stream.get());
       check(cudaGraphLaunch(it->second.exec.get(), stream.get()), "cudaGraphLaunch");
     } else {
@@ -564,11 +565,7 @@ struct CudaBackend::Impl {
     const cudaEvent_t end = step_end[size_t(step % 2)].get();
     check(cudaEventRecord(end, stream.get()), "cudaEventRecord");
     check(cudaStreamSynchronize(stream.get()), "forward");
-    if (record_timeline) {
-      last_timeline_ctas = timeline_collect();
-      last_timeline = summarize_timeline(use_graph ? graphs.at({rows, geo.attention_head_chunks}).kernels : eager_kernels,
-                                         last_timeline_ctas);
-    }
+    if (record_timeline) last_timeline = summarize_timeline(*step_kernels, timeline_collect());
     float device_ms = 0, idle_ms = 0;
     check(cudaEventElapsedTime(&device_ms, step_begin.get(), end), "cudaEventElapsedTime");
     if (have_previous_end)
@@ -1042,7 +1039,6 @@ void CudaBackend::timeline_next_step() {
   impl_->timeline_next = true;
 }
 const TimelineSummary& CudaBackend::timeline_result() const { return impl_->last_timeline; }
-const std::vector<TimelineCtaRecord>& CudaBackend::timeline_ctas() const { return impl_->last_timeline_ctas; }
 const std::vector<Launch>& CudaBackend::last_launches() const { return *impl_->launches; }
 const LoadStats& CudaBackend::load_stats() const { return impl_->stats; }
 const StepTimes& CudaBackend::step_times() const { return impl_->step_times; }

@@ -64,7 +64,6 @@ class CudaBackend final : public Backend {
   // it fails saying so); timeline_result() then holds them matched to the step's kernel launches.
   void timeline_next_step();
   const TimelineSummary& timeline_result() const;
-  const std::vector<TimelineCtaRecord>& timeline_ctas() const;
   // The launches of the last forward (tests look at the fusions the plan chose).
   const std::vector<Launch>& last_launches() const;
   const LoadStats& load_stats() const;
