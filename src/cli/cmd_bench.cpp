@@ -236,6 +236,7 @@ int run_bench(int argc, char** argv) {
     fail("--timeline needs a build configured with -DMINFER_TIMELINE=ON (its kernels carry the probes)");
 #else
   if (!timeline.empty()) fail("--timeline needs a build with CUDA");
+  if (census) fail("--census needs a build with CUDA");
 #endif
   for (int b : bs)
     if (b <= 0) fail("--batch ", b, ": a batch size must be positive");
@@ -269,6 +270,9 @@ int run_bench(int argc, char** argv) {
   Engine engine(model, eo);
   const double ready_s = std::chrono::duration<double>(Clock::now() - t_load).count();
   const bool use_cuda = engine.backend_name() == "cuda";
+  // Before the measurements, which another backend would run to their end first.
+  if (!timeline.empty() && !use_cuda) fail("--timeline needs the CUDA backend");
+  if (census && !use_cuda) fail("--census needs the CUDA backend");
 
   double copy_rate = 0;
   std::string device = "cpu";
@@ -388,7 +392,6 @@ int run_bench(int argc, char** argv) {
 
 #ifdef MINFER_HAVE_CUDA
   if (!timeline.empty()) {
-    if (!use_cuda) fail("--timeline needs the CUDA backend");
     auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
     bench.fill_depth(ds.front());
     // The first step captures the graph (and warms up); the second is the one recorded.
@@ -406,11 +409,8 @@ int run_bench(int argc, char** argv) {
       out.commit();
     }
   }
-#endif
 
   if (census) {
-#ifdef MINFER_HAVE_CUDA
-    if (!use_cuda) fail("--census needs the CUDA backend");
     auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
     bench.fill_depth(ds.front());
     // Runs one step twice (the first warms up) and lists the kernels of the second.
@@ -447,10 +447,8 @@ int run_bench(int argc, char** argv) {
       const int tokens = std::min(*first_p, engine.max_tokens());
       list_kernels("prompt step of " + std::to_string(tokens) + " tokens" + at, [&] { bench.prompt(tokens); });
     }
-#else
-    fail("--census needs a build with CUDA");
-#endif
   }
+#endif
   return 0;
 }
 
