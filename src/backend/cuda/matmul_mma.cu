@@ -736,6 +736,11 @@ struct WeightRing {
   static constexpr int bytes(int groups, int tiles = 1) {
     return kStages * kStageBytes + (kTermsInShared ? groups * kTermBytes : 0) + tiles * rounds(groups) * (8 + 4);
   }
+  // The ring over several tiles a CTA adds its tile table, 8-byte aligned behind the read counts:
+  // each tile's 16 rows' first bytes and its item (segment, row tile).
+  static constexpr int over_tiles_bytes(int groups, int tiles) {
+    return bytes(groups, tiles) + 4 + tiles * (kTileRows * 8 + 8);
+  }
 };
 
 // One row tile a CTA at one token fragment, its weights streamed through WeightRing and its groups
@@ -748,9 +753,15 @@ struct WeightRing {
 // a stream can add: a -0 becomes +0, which adds the same to a sum that is never -0) and warps
 // 0..7 then add stream w's terms in group order; with 8, warp w adds its groups' terms in order
 // itself. Either way the bits are those of every other kernel.
+// The ring over tiles writes a table of its tiles' rows and items before the PDL wait, so that a
+// refill's source is a shared load and an add on the refilling warp's chain (about 55 instructions
+// to its copies), where recomputing it from the round — a division, the segment search, 64-bit
+// address products, about 105 — held back that warp and every warp waiting for the round (7B
+// +1.7 %, 14B +1.9 %). The one-tile ring computes its single tile's source once, as before.
 // REQUIRES: <= 8 tokens; one row tile a CTA, or with kSeveralTiles gridDim.x <= the row tiles and
 // every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
-// launch bounds); dynamic shared memory of Ring::bytes(groups, the most tiles a CTA takes); every
+// launch bounds); dynamic shared memory of Ring::bytes(groups) for one tile a CTA, of
+// Ring::over_tiles_bytes(groups, the most tiles a CTA takes) for several; every
 // row holds whole groups; the weights readable up to 15 bytes past their last row (the arena's
 // slack, kWeightSlackBytes).
 template <typename Group, int CtasPerSm, bool kSeveralTiles>
@@ -774,20 +785,19 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   float4* terms = reinterpret_cast<float4*>(ring_stages + Ring::kStages * Ring::kStageBytes);
   uint64_t* full = reinterpret_cast<uint64_t*>(terms + (Ring::kTermsInShared ? n_groups * 32 : 0));  // [round]
   int* released = reinterpret_cast<int*>(full + my_rounds);              // [round]
-  // Round q into its stage by lanes 0..15 of the calling warp, a tile row each.
+  const uint8_t** tile_rows = reinterpret_cast<const uint8_t**>(released + (my_rounds + 1) / 2 * 2);  // [tile][tile row]
+  int2* tile_items = reinterpret_cast<int2*>(tile_rows + my_tiles * kTileRows);  // [tile]: segment, row tile
+  // The CTA's round q, round r of its tile k (r may run past the tile's rounds into the next
+  // tiles'), into its stage by lanes 0..15 of the calling warp, a tile row each.
   const int first_copy_row = tile_load_row(first_seg, a.extra, first.tile, lane % kTileRows);
-  const auto issue = [&](int q) {
-    const int st = q % Ring::kStages, r = kSeveralTiles ? q % n_rounds : q;
+  const auto issue = [&](int q, int k, int r) {
+    if constexpr (kSeveralTiles)
+      for (; r >= n_rounds; r -= n_rounds) ++k;
+    const int st = q % Ring::kStages;
     const uint32_t bar = shared_address(&full[q]);
     if (lane < kTileRows) {
-      const uint8_t* src;
-      if constexpr (kSeveralTiles) {
-        const Item it = item_of(q / n_rounds);
-        const MatSeg& seg = a.seg[it.si];
-        src = Group::group_base(seg.w, tile_load_row(seg, a.extra, it.tile, lane), kWarps * r);
-      } else {
-        src = Group::group_base(first_seg.w, first_copy_row, kWarps * r);
-      }
+      const uint8_t* src = kSeveralTiles ? tile_rows[k * kTileRows + lane] + r * Ring::kRoundBytes
+                                         : Group::group_base(first_seg.w, first_copy_row, kWarps * r);
       const int skew = int(reinterpret_cast<uintptr_t>(src) & 15);
       const int bytes = (skew + min(kWarps, n_groups - kWarps * r) * Group::kGroupBytes + 15) / 16 * 16;
       mbarrier_expect_tx(bar, uint32_t(bytes));
@@ -799,23 +809,37 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     for (int q = 0; q < my_rounds; ++q) mbarrier_init(shared_address(&full[q]), kTileRows), released[q] = 0;
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
+  if constexpr (kSeveralTiles)
+    for (int i = int(threadIdx.x); i < my_tiles * kTileRows; i += Ring::kThreadsACta) {
+      const Item it = item_of(i / kTileRows);
+      const MatSeg& seg = a.seg[it.si];
+      tile_rows[i] = Group::group_base(seg.w, tile_load_row(seg, a.extra, it.tile, i % kTileRows), 0);
+      if (i % kTileRows == 0) tile_items[i / kTileRows] = make_int2(it.si, it.tile);
+    }
   __syncthreads();
   // The first rounds depend on no earlier kernel: they stream in during its tail.
   if (warp == 0)
-    for (int q = 0; q < Ring::kStages && q < my_rounds; ++q) issue(q);
+    for (int q = 0; q < Ring::kStages && q < my_rounds; ++q) issue(q, 0, q);
   await_predecessor();
+  // Every tile reads the same tokens (one token fragment) and has rows of the same groups.
+  const MatSeg& seg = first_seg;
+  const DevMat& m = seg.w;
   for (int k = 0; k < my_tiles; ++k) {
-    const Item it = kSeveralTiles ? item_of(k) : first;
-    const MatSeg& seg = a.seg[it.si];
-    const DevMat& m = seg.w;
     // The thread's rows in a stage: tile rows gid and gid + 8, each at its row's skew.
-    const int R[2] = {tile_load_row(seg, a.extra, it.tile, gid), tile_load_row(seg, a.extra, it.tile, gid + 8)};
     uint32_t row_at[2];
+    if constexpr (kSeveralTiles) {
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-      row_at[i] = stages + (gid + 8 * i) * Ring::kPitch +
-                  uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[i], 0)) & 15);
-    const uint8_t* b_tile = it.tok.plane.block_quants(it.tok.first, 0) + 32 * gid;
+      for (int i = 0; i < 2; ++i)
+        row_at[i] = stages + (gid + 8 * i) * Ring::kPitch +
+                    uint32_t(reinterpret_cast<uintptr_t>(tile_rows[k * kTileRows + gid + 8 * i]) & 15);
+    } else {
+      const int R[2] = {tile_load_row(seg, a.extra, first.tile, gid), tile_load_row(seg, a.extra, first.tile, gid + 8)};
+#pragma unroll
+      for (int i = 0; i < 2; ++i)
+        row_at[i] = stages + (gid + 8 * i) * Ring::kPitch +
+                    uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[i], 0)) & 15);
+    }
+    const uint8_t* b_tile = first.tok.plane.block_quants(first.tok.first, 0) + 32 * gid;
     // Every group of a round is read by one warp, each warp taking its groups in order (a tile's
     // before the next tile's, past the join's barriers), so the round holding the lowest unread
     // group is always in its stage: no warp waits on a round that a waiting warp holds back. A
@@ -837,14 +861,14 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
       if (lane == 0) last = shared_fetch_add_acq_rel(&released[q], 1) == readers - 1;
       if (__shfl_sync(0xffffffffu, last, 0) && q + Ring::kStages < my_rounds) {
         fence_proxy_async_shared();
-        issue(q + Ring::kStages);
+        issue(q + Ring::kStages, k, r + Ring::kStages);
       }
       if constexpr (Ring::kTermsInShared) {
         float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, term);
+        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, first.tok, term);
         terms[g * 32 + lane] = make_float4(term[0][0], term[0][1], term[0][2], term[0][3]);
       } else {
-        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, it.tok, acc);
+        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, first.tok, acc);
       }
     }
     if constexpr (Ring::kTermsInShared) {
@@ -858,7 +882,10 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     }
     if (warp < kWarps) streams_to_red<1>(acc, red);
     __syncthreads();
-    join_streams<1>(a, seg, it.tile, it.tok, red);
+    if constexpr (kSeveralTiles)
+      join_streams<1>(a, a.seg[tile_items[k].x], tile_items[k].y, first.tok, red);
+    else
+      join_streams<1>(a, seg, first.tile, first.tok, red);
     if (kSeveralTiles && k + 1 < my_tiles) __syncthreads();  // red and the terms are the next tile's
   }
 }
@@ -977,11 +1004,13 @@ int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
 template <typename Group>
 constexpr int kRingOverTilesCtasPerSm = kMostRingCtasPerSm<Group>;
 // The dynamic shared memory of a launch of the ring over tiles: its CTAs take up to
-// ceil(row_tiles / grid) tiles each, a barrier and a read count a round of each.
+// ceil(row_tiles / grid) tiles each, a barrier and a read count a round of each and an entry of the
+// tile table each.
 template <typename Group>
 int ring_over_tiles_bytes(const MmaArgs& a, int row_tiles) {
   const int grid = kRingOverTilesCtasPerSm<Group> * a.extra.sm_count;
-  return WeightRing<Group, kRingOverTilesCtasPerSm<Group>>::bytes(a.seg[0].w.cols / 256, (row_tiles + grid - 1) / grid);
+  return WeightRing<Group, kRingOverTilesCtasPerSm<Group>>::over_tiles_bytes(a.seg[0].w.cols / 256,
+                                                                            (row_tiles + grid - 1) / grid);
 }
 template <typename Group>
 bool weight_ring_over_tiles(const MmaArgs& a, int row_tiles) {
