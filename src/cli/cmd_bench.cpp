@@ -394,11 +394,9 @@ int run_bench(int argc, char** argv) {
   if (!timeline.empty()) {
     auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
     bench.fill_depth(ds.front());
-    // The first step captures the graph (and warms up); the second is the one recorded.
-    for (int pass = 0; pass < 2; ++pass) {
-      cb.timeline_next_step();
-      bench.generate(1, bs.front());
-    }
+    bench.generate(1, bs.front());  // captures the step's graph and warms up
+    cb.timeline_next_step();
+    bench.generate(1, bs.front());
     const TimelineSummary& t = cb.timeline_result();
     std::printf("\n### decode step x%d @ d%d inside its graph (the probes' build)\n\n%s", bs.front(), ds.front(),
                 timeline_table(t).c_str());
