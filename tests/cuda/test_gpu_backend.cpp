@@ -458,6 +458,15 @@ TEST(GpuBackend, TwoGroupsInFlightKeepTheBitsOfOne) {
   expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_WEIGHT_RING");
 }
 
+// The decode attention's combine one CTA an SM with its partials bulk-copied gives the logits of
+// the combine without either (MINFER_NO_COMBINE_SPREAD, MINFER_NO_COMBINE_STAGING); the kernel
+// test (SplitKAttention...) compares the staged sums bitwise at depths of up to 16,384.
+TEST(GpuBackend, CombineSpreadAndStagingKeepTheBits) {
+  MINFER_REQUIRE_GPU();
+  expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_COMBINE_SPREAD");
+  expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_COMBINE_STAGING");
+}
+
 // qwen2.5-1.5b's gate+up launches (q4_K, 1,536 columns, 1,120 row tiles: more than three CTAs an
 // SM take at once on an H200's 132 SMs) with the activations in shared memory give the logits of B
 // from global memory (MINFER_NO_SHARED_ACTIVATIONS).

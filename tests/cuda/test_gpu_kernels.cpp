@@ -1044,7 +1044,8 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
     for (const bool tensor_cores : {true, false}) {
       // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
       // many slices, 100000 one block a slice; the bits must not change.
-      auto attend = [&](int sm_count, DevicePlane* q8 = nullptr, int head_chunks = 1) {
+      auto attend = [&](int sm_count, DevicePlane* q8 = nullptr, int head_chunks = 1, bool combine_spread = true,
+                        bool combine_staging = true) {
         DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
         cuda::AttnParams p;
         p.q = dq.get();
@@ -1061,6 +1062,8 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
         p.sm_count = sm_count;
         p.head_chunks = head_chunks;
         p.tensor_cores = tensor_cores;
+        p.combine_spread = combine_spread;
+        p.combine_staging = combine_staging;
         if (q8) p.q8 = q8->plane, p.q8_rows = n_tokens;
         cuda::launch_attention(p, nullptr);
         return out.download();
@@ -1070,6 +1073,12 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
         const auto other = attend(sm_count);
         ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "sm_count " << sm_count << " head_dim " << c.hd
                                                                        << " tensor cores " << tensor_cores;
+      }
+      // nor on whether the combine's CTAs take an SM each or bulk-copy their partials
+      for (const auto [spread, staging] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
+        const auto other = attend(100000, nullptr, 1, spread, staging);
+        ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0)
+            << "combine spread " << spread << " staging " << staging << " head_dim " << c.hd;
       }
       // nor on how a KV head's q heads are spread over blocks (down to one a block)
       for (const int head_chunks : {2, 3, c.n_head / c.n_kv}) {
@@ -1084,6 +1093,9 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
         DeviceBuffer<float> dout(o);
         cuda::launch_quantize_q8(dout.get(), width, plain.plane, n_tokens, width, nullptr);
         ASSERT_TRUE(same_pad40(fused.to_pad40(), plain.to_pad40())) << "head_dim " << c.hd << " heads " << c.n_head;
+        DevicePlane unstaged(n_tokens, width);
+        ASSERT_EQ(std::memcmp(attend(132, &unstaged, 1, false, false).data(), o.data(), o.size() * 4), 0);
+        ASSERT_TRUE(same_pad40(unstaged.to_pad40(), plain.to_pad40())) << "head_dim " << c.hd << " unstaged, one SM apart";
       }
       const int G = c.n_head / c.n_kv;
       for (int tk = 0; tk < n_tokens; ++tk) {

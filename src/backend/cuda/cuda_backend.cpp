@@ -100,6 +100,10 @@ struct CudaBackend::Impl {
   // The decode attention on the f16 tensor cores (AttnParams::tensor_cores); MINFER_NO_MMA_ATTENTION
   // runs the CUDA-core body (other roundings, so not a Fusions switch).
   const bool attention_tensor_cores = !env_flag("MINFER_NO_MMA_ATTENTION");
+  // MINFER_NO_COMBINE_SPREAD / MINFER_NO_COMBINE_STAGING: the decode attention's combine at a few
+  // rows without one CTA an SM / with its partials read by the sum loop (AttnParams).
+  const bool combine_spread = !env_flag("MINFER_NO_COMBINE_SPREAD");
+  const bool combine_staging = !env_flag("MINFER_NO_COMBINE_STAGING");
   // The q4_K / q6_K decode matmul on warpgroup MMA for 33..64 rows (same bits as the mma.sync
   // kernel): on an sm_90 device unless MINFER_NO_DECODE_WGMMA is set (MINFER_NO_DECODE_WGMMA_Q6K:
   // q4_K only); its operand image (one per launch).
@@ -804,6 +808,8 @@ struct CudaBackend::Impl {
     p.n_splits = decode_splits;
     p.head_chunks = geo.attention_head_chunks;
     p.tensor_cores = attention_tensor_cores;
+    p.combine_spread = combine_spread;
+    p.combine_staging = combine_staging;
     p.part = attn_part.get();
     p.sm_count = ctx.sm_count;
     if (l.writes_q8) p.q8 = plane(width(l.out)), p.q8_rows = count;  // decode rows start at row 0

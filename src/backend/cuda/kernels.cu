@@ -1397,18 +1397,25 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 // staged in shared memory and turned into weights in parallel, then thread i of the head sums dims
 // 2i and 2i + 1 over the splits with independent loads (at a dim a thread the 7B's 64-token step
 // needed 1.7 waves of blocks; two dims a thread fit one). The first kAhead splits' partials are
-// loaded with the (m, l) pairs, so their round trip overlaps the weights'. G = 256 / HD with the
-// q8 epilogue: the block's heads are one 256-column group of the q8 plane, which warp 0 quantizes
-// from shared memory (quantize_q8_group_values, the standalone quantize's bits) for the
-// o-projection's decode matmul.
-// REQUIRES: blockDim.x == G * HD / 2; gridDim.x * G == n_head; 2 * G * n_splits floats of dynamic
-// shared memory; p.q8_rows > 0 only with G * HD == 256.
-template <int HD, int G>
+// loaded with the (m, l) pairs, so their round trip overlaps the weights'. kStaged: the rest of the
+// block's partials (one contiguous run a head) are bulk-copied into shared memory at the block's
+// start, behind the pairs, instead of the sum loop's batches of eight loads a thread (the same sums
+// in the same order). G = 256 / HD with the q8 epilogue: the block's heads are one 256-column group
+// of the q8 plane, which warp 0 quantizes from shared memory (quantize_q8_group_values, the
+// standalone quantize's bits) for the o-projection's decode matmul.
+// REQUIRES: blockDim.x == G * HD / 2; gridDim.x * G == n_head; combine_shared_bytes(G, HD,
+// n_splits, kStaged) of dynamic shared memory; p.q8_rows > 0 only with G * HD == 256.
+constexpr int kCombineAhead = 4;
+constexpr int combine_pairs_bytes(int g, int n_splits) { return (2 * g * n_splits * 4 + 15) / 16 * 16; }
+constexpr int combine_shared_bytes(int g, int hd, int n_splits, bool staged) {
+  return combine_pairs_bytes(g, n_splits) + (staged ? g * n_splits * hd * 4 + 8 : 0);
+}
+template <int HD, int G, bool kStaged>
 __global__ void attn_combine_kernel(const AttnParams p) {
   MINFER_TIMELINE_PROBE();
   await_predecessor();
-  extern __shared__ float ml[];  // a head's m (then the weight) of each split, then l of each split
-  constexpr int T = HD / 2, kAhead = 4;
+  extern __shared__ __align__(16) float ml[];  // a head's m (then the weight) of each split, then l of each split
+  constexpr int T = HD / 2, kAhead = kCombineAhead;
   const int head = threadIdx.x / T, tid = threadIdx.x % T;
   const int qh = blockIdx.x * G + head, t = blockIdx.y;
   const int len = p.positions[t] + 1;
@@ -1420,11 +1427,27 @@ __global__ void attn_combine_kernel(const AttnParams p) {
   float2 ahead[kAhead];
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) ahead[s] = s < S ? acc[s * T] : make_float2(0.0f, 0.0f);
+  // kStaged: staged[head][split - kAhead][HD] behind the pairs, then the copies' barrier
+  const float* staged = ml + combine_pairs_bytes(G, p.n_splits) / 4;
+  uint64_t* landed = reinterpret_cast<uint64_t*>(const_cast<float*>(staged) + G * p.n_splits * HD);
+  if constexpr (kStaged) {
+    if (threadIdx.x == 0 && S > kAhead) {  // S is uniform over the block: every head has the token's splits
+      const uint32_t bar = prefill_detail::shared_address(landed), bytes = uint32_t(S - kAhead) * HD * 4;
+      prefill_detail::mbarrier_init(bar, 1);
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+      prefill_detail::mbarrier_expect_tx(bar, G * bytes);
+      prefill_detail::mbarrier_arrive(bar);
+      const size_t block_base = (size_t(t) * p.n_head + size_t(blockIdx.x) * G) * p.n_splits;
+      for (int h = 0; h < G; ++h)
+        prefill_detail::bulk_copy_to_shared(prefill_detail::shared_address(staged + h * p.n_splits * HD),
+                                            p.part + (block_base + size_t(h) * p.n_splits + kAhead) * HD, bytes, bar);
+    }
+  }
   for (int s = tid; s < S; s += T) {
     w_s[s] = part_ml[2 * (base + s)];
     l_s[s] = part_ml[2 * (base + s) + 1];
   }
-  __syncthreads();
+  __syncthreads();  // also publishes the copies' barrier's initialization
   float mx = -INFINITY;
   for (int s = 0; s < S; ++s)
     if (l_s[s] > 0.0f) mx = fmaxf(mx, w_s[s]);
@@ -1440,8 +1463,14 @@ __global__ void attn_combine_kernel(const AttnParams p) {
 #pragma unroll
   for (int s = 0; s < kAhead; ++s)
     if (s < S) add(s, ahead[s]);
+  if constexpr (kStaged) {
+    if (S > kAhead) prefill_detail::mbarrier_wait(prefill_detail::shared_address(landed), 0);
+    const float2* mine = reinterpret_cast<const float2*>(staged + head * p.n_splits * HD) + tid;
+    for (int s = kAhead; s < S; ++s) add(s, mine[size_t(s - kAhead) * T]);
+  } else {
 #pragma unroll 8
-  for (int s = kAhead; s < S; ++s) add(s, acc[size_t(s) * T]);
+    for (int s = kAhead; s < S; ++s) add(s, acc[size_t(s) * T]);
+  }
   const float2 out = make_float2(num.x / den, num.y / den);
   reinterpret_cast<float2*>(p.out + size_t(t) * p.n_head * HD + size_t(qh) * HD)[tid] = out;
   if constexpr (G * HD == 256) {
@@ -1454,6 +1483,31 @@ __global__ void attn_combine_kernel(const AttnParams p) {
                                  blockIdx.x * 8 + int(threadIdx.x), threadIdx.x < 8);
     }
   }
+}
+
+// The combine launch. Where its CTAs are no more than the SMs (a few decode rows), each asks for
+// more than half an SM's shared memory (combine_spread), so that no two share an SM: launched by PDL
+// while the split's CTAs fill every SM's registers, they would otherwise all become resident on the
+// first SMs a split CTA leaves and read their partials through those SMs' load pipes (the 7B's 14
+// CTAs on 3-7 SMs at depth 16384, docs/13 §2); with combine_staging they bulk-copy their
+// partials. Launch geometry and the load path only: the same sums in the same order.
+template <int HD, int G>
+static void launch_attention_combine(const AttnParams& p, const KernelStream& s) {
+  const dim3 grid(p.n_head / G, p.n_tokens);
+  const bool few = int(grid.x * grid.y) <= p.sm_count;
+  int device = 0, sm_bytes = 0, block_bytes = 0;
+  if (few && (p.combine_spread || p.combine_staging)) {
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (e != cudaSuccess) fail("attention combine: shared memory limits: ", cudaGetErrorString(e));
+  }
+  const bool staged = few && p.combine_staging && combine_shared_bytes(G, HD, p.n_splits, true) <= block_bytes;
+  int bytes = combine_shared_bytes(G, HD, p.n_splits, staged);
+  if (few && p.combine_spread) bytes = std::max(bytes, std::min(sm_bytes / 2 + 1, block_bytes));
+  const auto kernel = staged ? attn_combine_kernel<HD, G, true> : attn_combine_kernel<HD, G, false>;
+  if (bytes > 48 * 1024) prefill_detail::reserve_dynamic_shared_memory(kernel, bytes, "attention combine");
+  launch_kernel("attention", kernel, grid, G * HD / 2, size_t(bytes), s, p);
 }
 
 int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits) {
@@ -1510,12 +1564,9 @@ static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
     constexpr int G = 256 / HD;
     if (p.n_head % G != 0) fail("attention: a q8 plane of ", p.n_head, " heads of ", HD, " is not whole 256-column groups");
     if (p.q8.n_blocks != p.n_head * HD / 32) fail("attention: the q8 plane is ", 32 * p.q8.n_blocks, " columns wide");
-    launch_kernel("attention", attn_combine_kernel<HD, G>, dim3(p.n_head / G, p.n_tokens), G * HD / 2,
-                  2 * G * p.n_splits * sizeof(float), s, p);
-    return;
+    return launch_attention_combine<HD, G>(p, s);
   }
-  launch_kernel("attention", attn_combine_kernel<HD, 1>, dim3(p.n_head, p.n_tokens), HD / 2, 2 * p.n_splits * sizeof(float),
-                s, p);
+  launch_attention_combine<HD, 1>(p, s);
 }
 
 void launch_attention(const AttnParams& p, const KernelStream& s) {

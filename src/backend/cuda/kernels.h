@@ -328,6 +328,12 @@ struct AttnParams {
   // or CUDA cores (false, and always at head_dim 256). The backend clears it with
   // MINFER_NO_MMA_ATTENTION.
   bool tensor_cores = true;
+  // The combine where its CTAs are no more than the SMs: one CTA an SM (combine_spread; the
+  // backend clears it with MINFER_NO_COMBINE_SPREAD) and the partials bulk-copied into shared
+  // memory (combine_staging; MINFER_NO_COMBINE_STAGING). Launch geometry and load path only: no
+  // bit depends on them.
+  bool combine_spread = true;
+  bool combine_staging = true;
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
   // q8_rows > 0: the combine also writes tokens 0..q8_rows-1 of the output to the q8 plane (the
