@@ -96,12 +96,19 @@ __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, cons
   const int warp_words = max(0, min(256, width / 4 - 256 * warp));
   float4* stage = norm_staging + warp * 32 * kNormStageWords;
   const auto slot = [&](int j) { return (j / 8) * kNormStageWords + j % 8; };
-  // The weights are in registers before the reduction instead of one round trip after it. They
-  // depend on no earlier kernel, but ptxas schedules the PDL wait before these loads all the same
-  // (docs/13 §4), so they travel with the row's.
+  // The weights depend on no earlier kernel: they are read while the kernel before this one still
+  // runs (PDL), so that after the wait only the row's round trip is left. Left to itself ptxas
+  // moves the PDL wait ahead of these loads (the first instruction of their basic block); a branch
+  // on every loaded word keeps the wait after them. Its condition (every weight a NaN of all ones)
+  // never holds for a model's weights, and its body would only nap a nanosecond.
   float4 wv[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) wv[i] = valid ? reinterpret_cast<const float4*>(w + 32 * b)[i] : make_float4(0, 0, 0, 0);
+  uint32_t all_ones = 0xffffffffu;
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    all_ones &= __float_as_uint(wv[i].x) & __float_as_uint(wv[i].y) & __float_as_uint(wv[i].z) & __float_as_uint(wv[i].w);
+  if (all_ones == 0xffffffffu) asm volatile("nanosleep.u32 1;" ::: "memory");
   await_predecessor();
   __shared__ float red[32];
   const float4* x_words = reinterpret_cast<const float4*>(x + size_t(row) * ld_x) + 256 * warp;
