@@ -550,9 +550,7 @@ void launch_draw_softmax(const float* x, int64_t ld, int width, const DrawJob* j
   const size_t smem = draw_smem_bytes(width);
   // Up to 48 KB (a 300k vocabulary) needs no opt-in; only larger ones pay the queries each launch.
   if (smem > 48 * 1024) {
-    int device = 0, max_smem = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    const int max_smem = prefill_detail::device_shared_memory_per_block();
     if (smem > size_t(max_smem))
       fail("draw: a vocabulary of ", width, " entries needs ", smem, " bytes of shared memory, more than the ",
            max_smem, " a block has");
@@ -1502,12 +1500,11 @@ template <int HD, int G>
 static void launch_attention_combine(const AttnParams& p, const KernelStream& s) {
   const dim3 grid(p.n_head / G, p.n_tokens);
   const bool few = int(grid.x * grid.y) <= p.sm_count;
-  int device = 0, sm_bytes = 0, block_bytes = 0;
+  int sm_bytes = 0, block_bytes = 0;
   if (few && (p.combine_spread || p.combine_staging)) {
-    cudaError_t e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&block_bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (e != cudaSuccess) fail("attention combine: shared memory limits: ", cudaGetErrorString(e));
+    sm_bytes = prefill_detail::device_shared_memory_per_sm();
+    block_bytes = prefill_detail::device_shared_memory_per_block();
+    if (sm_bytes <= 0 || block_bytes <= 0) fail("attention combine: the device's shared memory limits cannot be read");
   }
   const bool staged = few && p.combine_staging && combine_shared_bytes(G, HD, p.n_splits, true) <= block_bytes;
   int bytes = combine_shared_bytes(G, HD, p.n_splits, staged);

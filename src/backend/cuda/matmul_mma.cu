@@ -890,13 +890,6 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   }
 }
 
-// The current device's shared memory an SM (0 where it cannot be read).
-int shared_memory_per_sm() {
-  int device = 0, bytes = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
-  return bytes;
-}
 // The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
 // reduction buffer and the driver's 1 KB besides.
 template <int NTF>
@@ -912,7 +905,8 @@ void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const Kerne
   // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
   // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
   // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
-  const int smem_per_cta = shared_memory_per_cta<NTF>(dynamic_smem), sm_smem = shared_memory_per_sm();
+  const int smem_per_cta = shared_memory_per_cta<NTF>(dynamic_smem);
+  const int sm_smem = prefill_detail::device_shared_memory_per_sm();
   const int percent = sm_smem > 0 ? std::min(100, (ctas_per_sm * smem_per_cta * 100 + sm_smem - 1) / sm_smem + 1) : 100;
   const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, percent);
   if (e != cudaSuccess) fail("matmul_mma: cannot set the shared-memory carveout: ", cudaGetErrorString(e));
@@ -981,7 +975,8 @@ template <typename Group, int CtasPerSm>
 bool weight_ring_fits(const MmaArgs& a, int row_tiles) {
   using Ring = WeightRing<Group, CtasPerSm>;
   return one_wave_of_many_groups(a, row_tiles, CtasPerSm, kWarps) &&
-         CtasPerSm * shared_memory_per_cta<1>(Ring::bytes(most_groups(a))) <= shared_memory_per_sm();
+         CtasPerSm * shared_memory_per_cta<1>(Ring::bytes(most_groups(a))) <=
+             prefill_detail::device_shared_memory_per_sm();
 }
 template <typename Group>
 int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
@@ -1018,7 +1013,7 @@ bool weight_ring_over_tiles(const MmaArgs& a, int row_tiles) {
   if (row_tiles <= kRingOverTilesCtasPerSm<Group> * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps)
     return false;
   return kRingOverTilesCtasPerSm<Group> * shared_memory_per_cta<1>(ring_over_tiles_bytes<Group>(a, row_tiles)) <=
-         shared_memory_per_sm();
+         prefill_detail::device_shared_memory_per_sm();
 }
 // Whether a one-fragment launch without a weight ring keeps two groups in flight a warp in
 // registers (matmul_mma_two_groups_kernel, 128 registers: two CTAs an SM): where every warp streams

@@ -34,6 +34,21 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* what, co
   return lookup.encode;
 }
 
+// The current device's shared memory an SM, and the most a block may opt into (0 where they
+// cannot be read).
+inline int device_shared_memory_per_sm() {
+  int device = 0, bytes = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+  return bytes;
+}
+inline int device_shared_memory_per_block() {
+  int device = 0, bytes = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  return bytes;
+}
+
 // Lets `kernel` take `bytes` of dynamic shared memory on the current device, set per call (the
 // attribute is per device, and cheap to set); `what` names the launch in the error.
 template <typename Kernel>
