@@ -1433,8 +1433,8 @@ __global__ void attn_combine_kernel(const AttnParams p) {
 #pragma unroll
   for (int s = 0; s < kAhead; ++s) ahead[s] = s < S ? acc[s * T] : make_float2(0.0f, 0.0f);
   // kStaged: staged[head][split - kAhead][HD] behind the pairs, then the copies' barrier
-  const float* staged = ml + combine_pairs_bytes(G, p.n_splits) / 4;
-  uint64_t* landed = reinterpret_cast<uint64_t*>(const_cast<float*>(staged) + G * p.n_splits * HD);
+  float* staged = ml + combine_pairs_bytes(G, p.n_splits) / 4;
+  uint64_t* landed = reinterpret_cast<uint64_t*>(staged + G * p.n_splits * HD);
   if constexpr (kStaged) {
     if (threadIdx.x == 0 && S > kAhead) {  // S is uniform over the block: every head has the token's splits
       const uint32_t bar = prefill_detail::shared_address(landed), bytes = uint32_t(S - kAhead) * HD * 4;
