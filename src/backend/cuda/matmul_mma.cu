@@ -1115,7 +1115,9 @@ MmaArgs mma_args(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_to
 int row_tiles_of(const MmaArgs& a) { return a.first_block[a.n_segs]; }
 
 // The q4_K + q6_K launch for these segments at one token fragment, if it takes them: q4_K and q6_K,
-// nothing else, and MatVecExtra::launch_per_type unset. (q5_K with q6_K spilled 56 bytes.)
+// nothing else, MatVecExtra::launch_per_type unset, and row tiles that fit one wave of its CTAs
+// (the 7B's 320 do; the 14B's 448 left a second round of tiles, a 6.8 µs tail, docs/13 §2: there
+// q/k take their own launch, the weight ring, and v another). (q5_K with q6_K spilled 56 bytes.)
 bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                     const KernelStream& s) {
   if (n_tokens > 8 || extra.launch_per_type) return false;
@@ -1127,6 +1129,7 @@ bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n
   }
   if (!q4k || !q6k) return false;
   const MmaArgs a = mma_args(segs, n_segs, act_q8, n_tokens, extra);
+  if (extra.sm_count > 0 && row_tiles_of(a) > kCtasPerSm<1> * extra.sm_count) return false;
   launch_mma<1>(matmul_mma_q4k_q6k_kernel, a, one_fragment_ctas<GroupQ6K>(row_tiles_of(a), extra), s);
   return true;
 }
