@@ -1116,7 +1116,7 @@ int row_tiles_of(const MmaArgs& a) { return a.first_block[a.n_segs]; }
 
 // The q4_K + q6_K launch for these segments at one token fragment, if it takes them: q4_K and q6_K,
 // nothing else, MatVecExtra::launch_per_type unset, and row tiles that fit one wave of its CTAs
-// (the 7B's 320 do; the 14B's 448 left a second round of tiles, a 6.8 µs tail, docs/13 §2: there
+// (the 7B's 288 do; the 14B's 448 left a second round of tiles, a 6.8 µs tail, docs/13 §2: there
 // q/k take their own launch, the weight ring, and v another). (q5_K with q6_K spilled 56 bytes.)
 bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                     const KernelStream& s) {
