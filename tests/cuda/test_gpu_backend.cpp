@@ -449,6 +449,13 @@ TEST(GpuBackend, TwoTypeDecodeMatmulKeepsTheBitsOfALaunchPerType) {
   expect_opt_out_keeps_the_trace("tiny-llama3", "MINFER_NO_TWO_TYPE_DECODE_MATMUL");
 }
 
+// The decode attention reading positions, block tables and the older K/V rows before its PDL wait
+// gives the logits of reading everything after it (MINFER_NO_EARLY_ATTENTION_READS).
+TEST(GpuBackend, EarlyAttentionReadsKeepTheBits) {
+  MINFER_REQUIRE_GPU();
+  for (const char* preset : {"tiny", "qwen2.5-0.5b"}) expect_opt_out_keeps_the_trace(preset, "MINFER_NO_EARLY_ATTENTION_READS");
+}
+
 // qwen2.5-0.5b's down projections (19 groups a row, 56 row tiles) with their weights streamed
 // through the ring in shared memory give the logits of one group in flight
 // (MINFER_NO_TWO_GROUPS_IN_FLIGHT) and of two groups in registers (MINFER_NO_WEIGHT_RING).

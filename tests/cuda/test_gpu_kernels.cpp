@@ -1045,7 +1045,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
       // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
       // many slices, 100000 one block a slice; the bits must not change.
       auto attend = [&](int sm_count, DevicePlane* q8 = nullptr, int head_chunks = 1, bool combine_spread = true,
-                        bool combine_staging = true) {
+                        bool combine_staging = true, bool early_reads = false) {
         DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
         cuda::AttnParams p;
         p.q = dq.get();
@@ -1064,6 +1064,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
         p.tensor_cores = tensor_cores;
         p.combine_spread = combine_spread;
         p.combine_staging = combine_staging;
+        p.early_reads = early_reads;
         if (q8) p.q8 = q8->plane, p.q8_rows = n_tokens;
         cuda::launch_attention(p, nullptr);
         return out.download();
@@ -1079,6 +1080,12 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
         const auto other = attend(100000, nullptr, 1, spread, staging);
         ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0)
             << "combine spread " << spread << " staging " << staging << " head_dim " << c.hd;
+      }
+      // nor on reading the older rows first (AttnParams::early_reads; its race: test_attention_pdl.cu)
+      for (const int sm_count : {3, 132}) {
+        const auto other = attend(sm_count, nullptr, 1, true, true, true);
+        ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "early reads, sm_count " << sm_count
+                                                                       << " head_dim " << c.hd;
       }
       // nor on how a KV head's q heads are spread over blocks (down to one a block)
       for (const int head_chunks : {2, 3, c.n_head / c.n_kv}) {

@@ -104,6 +104,9 @@ struct CudaBackend::Impl {
   // rows without one CTA an SM / with its partials read by the sum loop (AttnParams).
   const bool combine_spread = !env_flag("MINFER_NO_COMBINE_SPREAD");
   const bool combine_staging = !env_flag("MINFER_NO_COMBINE_STAGING");
+  // AttnParams::early_reads for the decode attention: the position, block table and older K/V rows
+  // read before the PDL wait; MINFER_NO_EARLY_ATTENTION_READS reads everything after it.
+  const bool early_attention_reads = !env_flag("MINFER_NO_EARLY_ATTENTION_READS");
   // The q4_K / q6_K decode matmul on warpgroup MMA for 33..64 rows (same bits as the mma.sync
   // kernel): on an sm_90 device unless MINFER_NO_DECODE_WGMMA is set (MINFER_NO_DECODE_WGMMA_Q6K:
   // q4_K only); its operand image (one per launch).
@@ -810,6 +813,7 @@ struct CudaBackend::Impl {
     p.tensor_cores = attention_tensor_cores;
     p.combine_spread = combine_spread;
     p.combine_staging = combine_staging;
+    p.early_reads = early_attention_reads;
     p.part = attn_part.get();
     p.sm_count = ctx.sm_count;
     if (l.writes_q8) p.q8 = plane(width(l.out)), p.q8_rows = count;  // decode rows start at row 0

@@ -1010,6 +1010,14 @@ struct AttnKv {
   __device__ size_t offset(int pos) const {
     return (size_t(table[pos >> block_shift]) * block_size + (pos & (block_size - 1))) * ld;
   }
+  // The offsets of N rows of a warp iteration, those at or past end as end - 1's: every table entry
+  // is read whether or not its row is loaded, so the N reads go out together (read inside each
+  // row's `pos < end`, ptxas kept them one round trip after another). REQUIRES: end > 0.
+  template <int N>
+  __device__ void row_offsets(const int (&pos)[N], int end, size_t (&off)[N]) const {
+#pragma unroll
+    for (int i = 0; i < N; ++i) off[i] = offset(min(pos[i], end - 1));
+  }
 };
 
 // The block's per-warp results of a slice, merged by attn_split_kernel.
@@ -1033,8 +1041,8 @@ struct AttnSimt {
   int c, grp;
   float q[G][8];
   float m[G], l[G], acc[G][8];
-  __device__ AttnSimt(const AttnParams& p, Shared&, int t, int qh0, int n_heads, int, int lane)
-      : c(lane % C), grp(lane / C) {
+  __device__ AttnSimt(Shared&, int lane) : c(lane % C), grp(lane / C) {}
+  __device__ void read_q(const AttnParams& p, Shared&, int t, int qh0, int n_heads, int) {
     const float scale = rsqrtf(float(HD)) * kAttnLog2e;
     const float* qt = p.q + size_t(t) * p.n_head * HD;
 #pragma unroll
@@ -1051,15 +1059,18 @@ struct AttnSimt {
       for (int j = 0; j < 8; ++j) acc[h][j] = 0.0f;
     }
   }
-  // the positions base + u LP + grp before end
+  // the positions base + u LP + grp before end. REQUIRES: base < end (see AttnKv::row_offsets).
   __device__ void load(const AttnKv& kv, int base, int end, Loads& r) const {
+    int pos[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) pos[u] = base + u * LP + grp;
+    size_t off[U];
+    kv.row_offsets(pos, end, off);
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int pos = base + u * LP + grp;
-      if (pos < end) {
-        const size_t off = kv.offset(pos) + 16 * c;
-        r.k[u] = ld16(kv.k + off);
-        r.v[u] = ld16(kv.v + off);
+      if (pos[u] < end) {
+        r.k[u] = ld16(kv.k + off[u] + 16 * c);
+        r.v[u] = ld16(kv.v + off[u] + 16 * c);
       } else {
         r.k[u] = r.v[u] = make_uint4(0, 0, 0, 0);
       }
@@ -1192,9 +1203,9 @@ struct AttnMma {
     const uint4& x = w[i / 4];
     return i % 4 == 0 ? x.x : i % 4 == 1 ? x.y : i % 4 == 2 ? x.z : x.w;
   }
-  // REQUIRES: a block barrier between the constructor and the first step (warp 0 writes sh).
-  __device__ AttnMma(const AttnParams& p, Shared& shared, int t, int qh0, int n_heads, int warp, int lane)
-      : sh(shared), gid(lane / 4), tid(lane % 4) {
+  __device__ AttnMma(Shared& shared, int lane) : sh(shared), gid(lane / 4), tid(lane % 4) {}
+  // REQUIRES: a block barrier between read_q and the first step (warp 0 writes sh).
+  __device__ void read_q(const AttnParams& p, Shared& shared, int t, int qh0, int n_heads, int warp) {
     if (warp != 0) return;
     const float scale = rsqrtf(float(HD)) * kAttnLog2e;
     const float* qrow = p.q + size_t(t) * p.n_head * HD + size_t(qh0 + min(gid, n_heads - 1)) * HD + tid * (HD / 4);
@@ -1204,7 +1215,7 @@ struct AttnMma {
       uint4 f;
       split_half2(x.x * scale, x.y * scale, f.x, f.z);
       split_half2(x.z * scale, x.w * scale, f.y, f.w);
-      shared.q[s][lane] = f;
+      shared.q[s][gid * 4 + tid] = f;
     }
   }
   __device__ void reset() {
@@ -1215,20 +1226,23 @@ struct AttnMma {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][e] = 0.0f;
   }
+  // REQUIRES: base < end (see AttnKv::row_offsets).
   __device__ void load(const AttnKv& kv, int base, int end, Loads& r) const {
+    const int pos[6] = {base + gid, base + gid + 8, base + 2 * tid, base + 2 * tid + 1, base + 2 * tid + 8,
+                        base + 2 * tid + 9};  // K rows 0-1, V rows 0-3
+    size_t off[6];
+    kv.row_offsets(pos, end, off);
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const int pos = base + gid + 8 * i;
-      const uint8_t* row = pos < end ? kv.k + kv.offset(pos) + tid * (HD / 2) : nullptr;
+      const uint8_t* row = kv.k + off[i] + tid * (HD / 2);
 #pragma unroll
-      for (int w = 0; w < KW; ++w) r.k[i][w] = row ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
+      for (int w = 0; w < KW; ++w) r.k[i][w] = pos[i] < end ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int pos = base + 2 * tid + (i & 1) + 8 * (i >> 1);
-      const uint8_t* row = pos < end ? kv.v + kv.offset(pos) + gid * (HD / 4) : nullptr;
+      const uint8_t* row = kv.v + off[2 + i] + gid * (HD / 4);
 #pragma unroll
-      for (int w = 0; w < VW; ++w) r.v[i][w] = row ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
+      for (int w = 0; w < VW; ++w) r.v[i][w] = pos[2 + i] < end ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
     }
   }
   __device__ void step(const Loads& r, int base, int end) {
@@ -1299,12 +1313,17 @@ struct AttnMma {
   }
 };
 
+// With p.early_reads the block reads the token's position and block table and issues its first
+// slice's first K/V loads short of the token's own row before the PDL wait, so that chain of
+// round trips runs during the q/k/v launch's tail; a warp whose first iteration reaches the own
+// row loads it again after the wait.
 // REQUIRES: blockDim.x == kAttnWarps * 32; gridDim.x == n_kv_heads * head_chunks; every thread
-// reaches both barriers of a slice (the slice loop is uniform over the block).
+// reaches both barriers of a slice (the slice loop is uniform over the block) and the PDL wait
+// (p.early_reads is uniform over the grid).
 template <typename Body>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
   MINFER_TIMELINE_PROBE();
-  await_predecessor();
+  if (!p.early_reads) await_predecessor();
   constexpr int HD = Body::kHeadDim, G = Body::kHeads, PW = Body::kPositions, NW = kAttnWarps;
   __shared__ __align__(16) AttnStash<HD, G> st;
   __shared__ typename Body::Shared sh;
@@ -1325,26 +1344,33 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
             table,
             block_shift,
             p.block_size};
-  Body body(p, sh, t, qh0, n_heads, warp, lane);
+  Body body(sh, lane);
+  if (!p.early_reads) body.read_q(p, sh, t, qh0, n_heads, warp);
   typename Body::Loads cur, next;
   int loaded = -1;  // the slice whose first iteration next holds, moved into cur after the merge
-  // Issues the warp's first iteration of slice `split` into next (when it has one there).
-  auto load_slice_start = [&](int split) {
-    const int from = split * chunk + warp * PW, end = min(len, split * chunk + chunk);
+  // Issues the warp's first iteration of slice `split`, its positions before `limit`, into next
+  // (when it has one there).
+  auto load_slice_start = [&](int split, int limit) {
+    const int from = split * chunk + warp * PW, end = min(limit, split * chunk + chunk);
     if (split >= n_used || from >= end) return;
     body.load(kv, from, end, next);
     loaded = split;
   };
   // The first slice's first loads (addresses from the table in global memory) fly across the
   // barrier below, so a block's first K/V round trip overlaps its q and table loads.
-  load_slice_start(blockIdx.y);
+  load_slice_start(blockIdx.y, p.early_reads ? len - 1 : len);
   const int n_entries = (len + p.block_size - 1) >> block_shift;
   __shared__ int32_t table_cache[kAttnTableCache];
-  if (n_entries <= kAttnTableCache) {
+  if (n_entries <= kAttnTableCache)
     for (int i = threadIdx.x; i < n_entries; i += NW * 32) table_cache[i] = table[i];
-    kv.table = table_cache;
+  if (p.early_reads) {
+    await_predecessor();
+    if (loaded == int(blockIdx.y) && int(blockIdx.y) * chunk + warp * PW + PW >= len)  // reaches the own row
+      load_slice_start(blockIdx.y, len);
+    body.read_q(p, sh, t, qh0, n_heads, warp);
   }
   __syncthreads();  // sh and the table cache are written
+  if (n_entries <= kAttnTableCache) kv.table = table_cache;
   float* part_acc = p.part;
   float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
   for (int split = blockIdx.y; split < n_used; split += gridDim.y) {  // uniform over the block
@@ -1358,7 +1384,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
       if (more) {
         body.load(kv, base + NW * PW, end, next);  // prefetch the next iteration
       } else {  // or the block's next slice's first: its loads fly during this slice's merge
-        load_slice_start(split + gridDim.y);
+        load_slice_start(split + gridDim.y, len);
       }
       body.step(cur, base, end);
       // A register copy waits for its loads: the next slice's are copied only after the merge.
@@ -1409,7 +1435,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
 // of the q8 plane, which warp 0 quantizes from shared memory (quantize_q8_group_values, the
 // standalone quantize's bits) for the o-projection's decode matmul.
 // REQUIRES: blockDim.x == G * HD / 2; gridDim.x * G == n_head; combine_shared_bytes(G, HD,
-// n_splits, kStaged) of dynamic shared memory; p.q8_rows > 0 only with G * HD == 256.
+// n_splits, kStaged) of dynamic shared memory; p.q8_rows > 0 only with G * HD == 256. With
+// p.early_reads the token's position is read before the PDL wait.
 constexpr int kCombineAhead = 4;
 constexpr int combine_pairs_bytes(int g, int n_splits) { return (2 * g * n_splits * 4 + 15) / 16 * 16; }
 constexpr int combine_shared_bytes(int g, int hd, int n_splits, bool staged) {
@@ -1418,13 +1445,14 @@ constexpr int combine_shared_bytes(int g, int hd, int n_splits, bool staged) {
 template <int HD, int G, bool kStaged>
 __global__ void attn_combine_kernel(const AttnParams p) {
   MINFER_TIMELINE_PROBE();
-  await_predecessor();
+  if (!p.early_reads) await_predecessor();
   extern __shared__ __align__(16) float ml[];  // a head's m (then the weight) of each split, then l of each split
   constexpr int T = HD / 2, kAhead = kCombineAhead;
   const int head = threadIdx.x / T, tid = threadIdx.x % T;
   const int qh = blockIdx.x * G + head, t = blockIdx.y;
   const int len = p.positions[t] + 1;
   const int S = attn_splits_used(len, p.n_splits, HD);
+  if (p.early_reads) await_predecessor();
   float *w_s = ml + 2 * head * p.n_splits, *l_s = w_s + S;
   const float* part_ml = p.part + size_t(p.n_tokens) * p.n_head * p.n_splits * HD;
   const size_t base = (size_t(t) * p.n_head + qh) * p.n_splits;

@@ -334,6 +334,12 @@ struct AttnParams {
   // bit depends on them.
   bool combine_spread = true;
   bool combine_staging = true;
+  // The split and combine kernels read each token's position and block table, and the split its
+  // K/V rows before the token's own position, before their PDL wait, i.e. while the launch before
+  // them may still run. Set it only where no kernel of the stream writes those: the decode step,
+  // whose rows, tables and block copies are copied in before its first kernel and whose q/k/v launch
+  // writes each token's own row only. The backend clears it with MINFER_NO_EARLY_ATTENTION_READS.
+  bool early_reads = false;
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
   // q8_rows > 0: the combine also writes tokens 0..q8_rows-1 of the output to the q8 plane (the
