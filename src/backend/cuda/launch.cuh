@@ -14,8 +14,9 @@
 namespace minfer::cuda {
 
 // REQUIRES: called by every thread before the kernel's first read of data an earlier kernel of
-// the stream writes and before its first global write (only reads of weights may come before).
-// It then lets the next kernel of the stream launch.
+// the stream writes and before its first global write (only reads of what no kernel of the stream
+// writes may come before: weights, and with AttnParams::early_reads the decode attention's rows,
+// block tables and older K/V rows). It then lets the next kernel of the stream launch.
 __device__ __forceinline__ void await_predecessor() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
