@@ -1314,9 +1314,9 @@ struct AttnMma {
 };
 
 // With p.early_reads the block reads the token's position and block table and issues its first
-// slice's first K/V loads short of the token's own row before the PDL wait, so that chain of
-// round trips runs during the q/k/v launch's tail; a warp whose first iteration reaches the own
-// row loads it again after the wait.
+// slice's first K/V loads before the PDL wait, so that chain of round trips runs during the q/k/v
+// launch's tail; a warp whose first iteration reaches the token's own row (which that launch
+// writes) issues its loads after the wait.
 // REQUIRES: blockDim.x == kAttnWarps * 32; gridDim.x == n_kv_heads * head_chunks; every thread
 // reaches both barriers of a slice (the slice loop is uniform over the block) and the PDL wait
 // (p.early_reads is uniform over the grid).
@@ -1348,25 +1348,25 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
   if (!p.early_reads) body.read_q(p, sh, t, qh0, n_heads, warp);
   typename Body::Loads cur, next;
   int loaded = -1;  // the slice whose first iteration next holds, moved into cur after the merge
-  // Issues the warp's first iteration of slice `split`, its positions before `limit`, into next
-  // (when it has one there).
-  auto load_slice_start = [&](int split, int limit) {
-    const int from = split * chunk + warp * PW, end = min(limit, split * chunk + chunk);
+  // Issues the warp's first iteration of slice `split` into next (when it has one there).
+  auto load_slice_start = [&](int split) {
+    const int from = split * chunk + warp * PW, end = min(len, split * chunk + chunk);
     if (split >= n_used || from >= end) return;
     body.load(kv, from, end, next);
     loaded = split;
   };
   // The first slice's first loads (addresses from the table in global memory) fly across the
-  // barrier below, so a block's first K/V round trip overlaps its q and table loads.
-  load_slice_start(blockIdx.y, p.early_reads ? len - 1 : len);
+  // barrier below, so a block's first K/V round trip overlaps its q and table loads. With early
+  // reads they go out before the PDL wait where they end before the token's own row.
+  const bool first_loads_early = !p.early_reads || int(blockIdx.y) * chunk + (warp + 1) * PW < len;
+  if (first_loads_early) load_slice_start(blockIdx.y);
   const int n_entries = (len + p.block_size - 1) >> block_shift;
   __shared__ int32_t table_cache[kAttnTableCache];
   if (n_entries <= kAttnTableCache)
     for (int i = threadIdx.x; i < n_entries; i += NW * 32) table_cache[i] = table[i];
   if (p.early_reads) {
     await_predecessor();
-    if (loaded == int(blockIdx.y) && int(blockIdx.y) * chunk + warp * PW + PW >= len)  // reaches the own row
-      load_slice_start(blockIdx.y, len);
+    if (!first_loads_early) load_slice_start(blockIdx.y);
     body.read_q(p, sh, t, qh0, n_heads, warp);
   }
   __syncthreads();  // sh and the table cache are written
@@ -1384,7 +1384,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
       if (more) {
         body.load(kv, base + NW * PW, end, next);  // prefetch the next iteration
       } else {  // or the block's next slice's first: its loads fly during this slice's merge
-        load_slice_start(split + gridDim.y, len);
+        load_slice_start(split + gridDim.y);
       }
       body.step(cur, base, end);
       // A register copy waits for its loads: the next slice's are copied only after the merge.
