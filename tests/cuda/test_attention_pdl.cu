@@ -102,6 +102,7 @@ TEST(GpuKernels, DecodeAttentionReadsQAndTheOwnRowAfterThePdlWait) {
   const auto reset = [&] { upload(stale_q, stale_k, stale_v); };
   LateCopies writes;
   const auto add = [&](const void* src, void* dst, size_t bytes) {
+    ASSERT_LT(writes.n, LateCopies::kMax);
     writes.src[writes.n] = static_cast<const uint8_t*>(src);
     writes.dst[writes.n] = static_cast<uint8_t*>(dst);
     writes.bytes[writes.n++] = int(bytes);
@@ -126,7 +127,9 @@ TEST(GpuKernels, DecodeAttentionReadsQAndTheOwnRowAfterThePdlWait) {
     p.part = part.get();
     p.sm_count = 132;
     p.early_reads = early_reads;
-    if (behind_writer) cuda::launch_kernel("copy_late", copy_late, dim3(1), dim3(256), 0, cuda::KernelStream(stream), writes, kWriterSpinNs);
+    if (behind_writer)
+      cuda::launch_kernel("copy_late", copy_late, dim3(1), dim3(256), 0, cuda::KernelStream(stream), writes,
+                          kWriterSpinNs);
     cuda::launch_attention(p, cuda::KernelStream(stream, true));
     test::cuda_ok(cudaStreamSynchronize(stream));
     return out.download();
