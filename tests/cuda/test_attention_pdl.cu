@@ -49,7 +49,7 @@ __global__ void read_before_wait(const uint32_t* word, uint32_t* seen) {
   *seen = x;
 }
 
-constexpr unsigned long long kWriterSpinNs = 50'000;
+constexpr unsigned long long kWriterSpinNs = 200'000;  // far longer than a PDL launch takes to start
 
 // 7B shapes: a token at depth (16 slices), one whose last slice starts inside a block iteration's
 // reach of its own row, and one of a single position (nothing older to read early).
