@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_timeline.h"
@@ -183,6 +184,10 @@ struct CudaBackend::Impl {
   bool timeline_next = false;
   std::vector<TimelineLaunch> eager_kernels;
   TimelineSummary last_timeline;
+
+  // CudaBackend::interleave_lanes: the lanes of a mixed step on the main stream, the decode lane
+  // this many launches ahead.
+  std::optional<int> lanes_lead;
 
   Impl(const Model& m, Fusions f, int device)
       : model(m), graph(build_graph(m)), hp(m.hp), fusions(f), ctx(device), weights(m, graph, upload) {
@@ -664,7 +669,8 @@ struct CudaBackend::Impl {
 
   // Decode rows and prompt rows share nothing up to the output rows when the prompt rows never
   // touch the decode rows' scratch: the q8 plane (a prompt matmul without a GEMM quantizes into
-  // it) and the split-K partials (the prompt attention of head sizes other than 64 and 128).
+  // it) and the split-K partials (the prompt attention of head sizes other than 64 and 128). The
+  // bf16 planes are the prompt rows' alone (execute).
   bool lanes_apart(const std::vector<Launch>& plan) const {
     if (hp.head_dim != 64 && hp.head_dim != 128) return false;
     for (const Launch& l : plan) {
@@ -678,20 +684,32 @@ struct CudaBackend::Impl {
   }
   // The launches up to the output rows in two lanes: decode rows on the urgent decode stream,
   // prompt rows on the main stream (a launch over all rows once in each), issued in plan order so
-  // both start at once; then the output rows after both.
+  // both start at once; then the output rows after both. Tests put both lanes on the main stream
+  // (interleave_lanes): tick t issues the decode lane's launch t, then the prompt lane's t - lead.
   void execute_beside(const std::vector<Launch>& plan, const Geometry& geo, const Fusions& f,
                       const std::vector<LaunchImage>& images) {
-    const Lane decode{decode_stream.get(), true, 0, geo.decode}, prompt{stream.get(), true, geo.decode, geo.n - geo.decode};
-    check(cudaEventRecord(lanes_fork.get(), stream.get()), "cudaEventRecord (lanes fork)");
-    check(cudaStreamWaitEvent(decode_stream.get(), lanes_fork.get()), "cudaStreamWaitEvent (lanes fork)");
-    size_t i = 0;
-    for (; i < plan.size() && plan[i].rows != Rows::Output; ++i) {
-      if (plan[i].rows != Rows::Prompt) execute(plan[i], geo, f, images[i], decode);
-      if (plan[i].rows != Rows::Decode) execute(plan[i], geo, f, images[i], prompt);
+    int end = 0;
+    while (end < int(plan.size()) && plan[size_t(end)].rows != Rows::Output) ++end;
+    const bool forked = !lanes_lead;
+    const Lane decode{forked ? decode_stream.get() : stream.get(), true, 0, geo.decode},
+        prompt{stream.get(), true, geo.decode, geo.n - geo.decode};
+    if (forked) {
+      check(cudaEventRecord(lanes_fork.get(), stream.get()), "cudaEventRecord (lanes fork)");
+      check(cudaStreamWaitEvent(decode_stream.get(), lanes_fork.get()), "cudaStreamWaitEvent (lanes fork)");
     }
-    check(cudaEventRecord(lanes_join.get(), decode_stream.get()), "cudaEventRecord (lanes join)");
-    check(cudaStreamWaitEvent(stream.get(), lanes_join.get()), "cudaStreamWaitEvent (lanes join)");
-    for (; i < plan.size(); ++i) execute(plan[i], geo, f, images[i], serial());
+    const int lead = lanes_lead.value_or(0);
+    for (int t = std::min(0, lead); t < end + std::max(0, lead); ++t) {
+      const int p = t - lead;
+      if (t >= 0 && t < end && plan[size_t(t)].rows != Rows::Prompt)
+        execute(plan[size_t(t)], geo, f, images[size_t(t)], decode);
+      if (p >= 0 && p < end && plan[size_t(p)].rows != Rows::Decode)
+        execute(plan[size_t(p)], geo, f, images[size_t(p)], prompt);
+    }
+    if (forked) {
+      check(cudaEventRecord(lanes_join.get(), decode_stream.get()), "cudaEventRecord (lanes join)");
+      check(cudaStreamWaitEvent(stream.get(), lanes_join.get()), "cudaStreamWaitEvent (lanes join)");
+    }
+    for (size_t i = size_t(end); i < plan.size(); ++i) execute(plan[i], geo, f, images[i], serial());
   }
 
   OperandImage image_written(const LaunchImage& image) const { return {wgmma_operand.get(), image.writes}; }
@@ -706,6 +724,12 @@ struct CudaBackend::Impl {
     // The q8 plane's rows (decode rows) among the launch's, from its first row.
     const int q8_rows = l.writes_q8 ? std::clamp(geo.decode - row0, 0, count) : 0;
     const OperandImage image_out = q8_rows > 0 ? image_written(image) : OperandImage{};
+    // The bf16 planes hold prompt rows for the GEMMs, which read them from the first prompt row; a
+    // launch over decode rows only (the decode lane's share of one over all rows) writes none. A
+    // plane is one buffer laid out by each writer's width: the decode rows of a wider slot (the
+    // swiglu's) would land on prompt rows of a narrower one that the other lane has yet to read.
+    uint16_t* const bf16_out = l.writes_bf16 && row0 + count > geo.decode ? bf16[l.bf16_out].get() + row0 * w_out
+                                                                          : nullptr;
     switch (l.kind) {
       case LaunchKind::Embed:
         launch_embed(weights.mat(node.weight), d_tokens() + row0, slot(l.out) + row0 * w_out, count, s);
@@ -713,7 +737,7 @@ struct CudaBackend::Impl {
       case LaunchKind::RmsNorm:
         launch_rms_norm(slot(l.in) + row0 * w_in, int(w_in), weights.vec(node.weight), slot(l.out) + row0 * w_out,
                         int(w_out), count, int(w_out), node.group, hp.rms_eps, plane(w_out), q8_rows, s,
-                        l.writes_bf16 ? bf16[l.bf16_out].get() + row0 * w_out : nullptr, image_out);
+                        bf16_out, image_out);
         return;
       case LaunchKind::Quantize:
         launch_quantize_q8(slot(l.in), int(w_in), plane(w_in), count, int(w_in), s);
@@ -779,8 +803,7 @@ struct CudaBackend::Impl {
         return;
       case LaunchKind::SwiGLU:
         launch_swiglu(slot(l.in) + row0 * w_in, slot(l.in2) + row0 * w_in, slot(l.out) + row0 * w_out, count,
-                      int(w_out), plane(w_out), q8_rows, s,
-                      l.writes_bf16 ? bf16[l.bf16_out].get() + row0 * w_out : nullptr, image_out);
+                      int(w_out), plane(w_out), q8_rows, s, bf16_out, image_out);
         return;
       case LaunchKind::Add:
         launch_add(slot(l.in) + row0 * w_in, slot(l.in2) + row0 * w_in, slot(l.out) + row0 * w_out,
@@ -1044,6 +1067,7 @@ int CudaBackend::max_outputs() const { return impl_->max_outputs; }
 void CudaBackend::copy_blocks(std::span<const BlockCopy> copies) { impl_->copy_blocks(copies); }
 void CudaBackend::forward(const StepBatch& batch, StepOutput& out) { impl_->forward(batch, out); }
 void CudaBackend::census_next_step() { impl_->census_next = true; }
+void CudaBackend::interleave_lanes(std::optional<int> decode_lead) { impl_->lanes_lead = decode_lead; }
 void CudaBackend::timeline_next_step() {
   if (!kTimelineBuilt) fail("the timeline needs a build configured with -DMINFER_TIMELINE=ON");
   impl_->timeline_next = true;

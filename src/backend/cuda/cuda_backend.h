@@ -5,6 +5,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,11 @@ class CudaBackend final : public Backend {
   // it fails saying so); timeline_result() then holds them matched to the step's kernel launches.
   void timeline_next_step();
   const TimelineSummary& timeline_result() const;
+  // For tests of the lanes' independence: mixed steps (decode and prompt rows) run their decode
+  // lane and prompt lane on the main stream in one fixed interleaving, the decode lane's launches
+  // `decode_lead` ahead of the prompt lane's (negative: behind); nullopt: on two streams again.
+  // Every interleaving must give the bits of the plan's order.
+  void interleave_lanes(std::optional<int> decode_lead);
   // The launches of the last forward (tests look at the fusions the plan chose).
   const std::vector<Launch>& last_launches() const;
   const LoadStats& load_stats() const;
