@@ -450,7 +450,8 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
 // The mixed step's two lanes (decode rows, prompt rows) share no memory up to the output rows:
 // on one stream, either lane some launches ahead of the other, the trace keeps the bits of the
 // plan's order. One lane's write spoils the other's rows only if it comes between that lane's
-// write and read of them, a span within a layer's launches: every lead up to a layer's runs.
+// write and read of them, a span within a layer's launches: every lead from 1 to one more than a
+// layer's launches runs, both ways.
 TEST(GpuBackend, MixedStepLanesGiveTheSameBitsInAnyInterleaving) {
   MINFER_REQUIRE_GPU();
   for (const char* preset : {"tiny", "tiny-llama3"})
