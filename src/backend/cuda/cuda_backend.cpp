@@ -796,9 +796,8 @@ struct CudaBackend::Impl {
           launch_prefill_attention(pa, s.stream);
         } else {  // other head sizes: the split-K kernel, one query row at a time
           decode_attention(l, node, geo, row0, count, s);
-          if (l.writes_bf16)
-            launch_prefill_activation_bf16(slot(l.out) + row0 * w_out, bf16[l.bf16_out].get() + row0 * w_out,
-                                           int64_t(count) * w_out, s.stream);
+          if (bf16_out)
+            launch_prefill_activation_bf16(slot(l.out) + row0 * w_out, bf16_out, int64_t(count) * w_out, s.stream);
         }
         return;
       case LaunchKind::SwiGLU:
