@@ -42,10 +42,11 @@ TEST(Plan, DecodeStepFusesQkvRopeKvGateUpResidualAndQuantize) {
   const int L = m.hp.n_layer;
   const auto n = count(lower(build_graph(m), Fusions{}, kDecode));
   EXPECT_EQ(n.at("matvec_qkv_rope_kv"), L);
-  EXPECT_EQ(n.at("matvec_gate_up"), L);
+  EXPECT_EQ(n.at("matvec_gate_up_swiglu"), L);  // the swiglu and its q8 plane in the epilogue
+  EXPECT_EQ(n.count("matvec_gate_up"), 0u);
+  EXPECT_EQ(n.count("swiglu_quant_q8"), 0u);
   EXPECT_EQ(n.at("matvec"), 2 * L);  // attn_out and ffn_down, each with its residual add
   EXPECT_EQ(n.at("rms_norm_quant_q8"), 2 * L + 1);
-  EXPECT_EQ(n.at("swiglu_quant_q8"), L);
   EXPECT_EQ(n.count("quantize_q8"), 0u);  // attn_out's plane: the attention combine writes it
   EXPECT_EQ(n.at("attention_split_combine_quant_q8"), L);
   EXPECT_EQ(n.count("rope"), 0u);
@@ -146,10 +147,16 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   EXPECT_EQ(n.at("rope"), 2 * m.hp.n_layer);
   n = count(lower(g, with([](Fusions& f) { f.fused_ffn = false; }), kDecode));
   EXPECT_EQ(n.count("matvec_gate_up"), 0u);
+  EXPECT_EQ(n.count("matvec_gate_up_swiglu"), 0u);
+  n = count(lower(g, with([](Fusions& f) { f.swiglu_in_matmul = false; }), kDecode));
+  EXPECT_EQ(n.count("matvec_gate_up_swiglu"), 0u);
+  EXPECT_EQ(n.at("matvec_gate_up"), m.hp.n_layer);
+  EXPECT_EQ(n.at("swiglu_quant_q8"), m.hp.n_layer);
   n = count(lower(g, with([](Fusions& f) { f.fused_residual = false; }), kDecode));
   EXPECT_EQ(n.at("add"), 2 * m.hp.n_layer);
   n = count(lower(g, with([](Fusions& f) { f.decode_a_fuse = false; }), kDecode));
   EXPECT_EQ(n.count("rms_norm_quant_q8") + n.count("swiglu_quant_q8") + n.count("attention_split_combine_quant_q8"), 0u);
+  for (const Launch& l : lower(g, with([](Fusions& f) { f.decode_a_fuse = false; }), kDecode)) EXPECT_FALSE(l.writes_q8) << l.name;
   EXPECT_EQ(n.at("quantize_q8"), 4 * m.hp.n_layer + 1);  // qkv, o, gate_up, down, head
   n = count(lower(g, with([](Fusions& f) { f.attention_q8 = false; }), kDecode));
   EXPECT_EQ(n.count("attention_split_combine_quant_q8"), 0u);

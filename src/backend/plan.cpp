@@ -229,6 +229,15 @@ class Lowering {
     if (!f_.fused_ffn || !is(i + 1, Op::MatMul) || !is(i + 2, Op::SwiGLU)) return 0;
     const Node &gate = node(i), &up = node(i + 1), &sw = node(i + 2);
     if (up.in[0] != gate.in[0] || sw.in[0] != gate.out || sw.in[1] != up.out || gate.bias || up.bias) return 0;
+    if (s_.decode && !s_.prompt && f_.swiglu_in_matmul) {  // a decode-only step: the swiglu in the epilogue
+      Launch l = matmul_launch(LaunchKind::DecodeMatmul, "matvec_gate_up_swiglu", Rows::Decode, {i, i + 1});
+      l.swiglu = true;
+      l.out = sw.out;
+      l.completes_node = int(i + 2);
+      l.writes_q8 = swiglu_writes_q8(i + 2);
+      decode_matmul(std::move(l));
+      return 3;
+    }
     if (s_.decode) decode_matmul(matmul_launch(LaunchKind::DecodeMatmul, "matvec_gate_up", Rows::Decode, {i, i + 1}));
     if (!f_.gemm_swiglu || !s_.prompt) {
       prompt_matmuls({i, i + 1});
@@ -245,9 +254,14 @@ class Lowering {
     return 3;
   }
 
+  // Whether the swiglu node i writes the q8 plane of its decode rows (its consumer a decode matmul).
+  bool swiglu_writes_q8(size_t i) const {
+    const Node& n = node(i);
+    return f_.decode_a_fuse && s_.decode && width(n.out) % 32 == 0 && feeds_decode_matmul(i + 1, n.out);
+  }
   void swiglu(size_t i, Rows rows) {
     const Node& n = node(i);
-    const bool q8 = f_.decode_a_fuse && s_.decode && width(n.out) % 32 == 0 && feeds_decode_matmul(i + 1, n.out);
+    const bool q8 = swiglu_writes_q8(i);
     // completes the node: all rows, or the decode rows after the SwiGLU GEMM wrote the prompt rows
     Launch l{LaunchKind::SwiGLU, q8 ? "swiglu_quant_q8" : "swiglu", rows, n.in[0], n.in[1], n.out, int(i), int(i)};
     l.writes_q8 = q8;
@@ -308,6 +322,7 @@ Fusions Fusions::from_env() {
   f.cuda_graph = !env_flag("MINFER_NO_CUDA_GRAPH");
   f.fused_qkv = !env_flag("MINFER_NO_FUSED_QKV");
   f.fused_ffn = !env_flag("MINFER_NO_FUSED_FFN");
+  f.swiglu_in_matmul = !env_flag("MINFER_NO_SWIGLU_IN_MATMUL");
   f.gemm_swiglu = !env_flag("MINFER_NO_GEMM_SWIGLU");
   f.fused_rope_kv = !env_flag("MINFER_NO_FUSED_ROPE_KV");
   f.concurrent_gemms = !env_flag("MINFER_NO_CONCURRENT_GEMMS");
@@ -321,8 +336,9 @@ Fusions Fusions::from_env() {
 
 Fusions Fusions::none() {
   Fusions f;
-  f.decode_a_fuse = f.attention_q8 = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.gemm_swiglu =
-      f.fused_rope_kv = f.concurrent_gemms = f.decode_beside_prompt = f.fused_residual = f.pdl = f.operand_image = false;
+  f.decode_a_fuse = f.attention_q8 = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.swiglu_in_matmul =
+      f.gemm_swiglu = f.fused_rope_kv = f.concurrent_gemms = f.decode_beside_prompt = f.fused_residual = f.pdl =
+          f.operand_image = false;
   return f;
 }
 

@@ -22,6 +22,9 @@ struct Fusions {
   bool cuda_graph = true;      // MINFER_NO_CUDA_GRAPH: launch decode steps one by one
   bool fused_qkv = true;       // MINFER_NO_FUSED_QKV: q/k/v (+ bias, rope, KV write) in one launch
   bool fused_ffn = true;       // MINFER_NO_FUSED_FFN: gate and up in one launch
+  // MINFER_NO_SWIGLU_IN_MATMUL: a decode-only step's swiglu (and its q8 plane) in that launch's
+  // epilogue where the backend's kernel takes it (CUDA backend), not a launch of its own
+  bool swiglu_in_matmul = true;
   bool gemm_swiglu = true;     // MINFER_NO_GEMM_SWIGLU: prompt rows' gate, up and swiglu in one GEMM
   bool fused_rope_kv = true;   // MINFER_NO_FUSED_ROPE_KV: prompt rows' q/k rope and KV write in one launch
   bool concurrent_gemms = true;  // MINFER_NO_CONCURRENT_GEMMS: q/k/v GEMMs of two types on two streams
@@ -78,7 +81,9 @@ struct Launch {
   std::array<int, 3> seg_node{{-1, -1, -1}};  // matmul nodes: weight, bias, output slot
   std::array<SegmentEpilogue, 3> epi{};
   int residual = -1;          // slot added in the epilogue; the result goes to `out` (the Add's)
-  bool swiglu = false;        // PromptMatmul: segments gate and up, silu(gate) * up into `out`
+  // PromptMatmul, DecodeMatmul: segments gate and up, silu(gate) * up into `out` (a DecodeMatmul
+  // also the q8 plane with writes_q8)
+  bool swiglu = false;
   // RmsNorm / SwiGLU
   bool writes_q8 = false;
   // RmsNorm / SwiGLU / PromptAttention / the SwiGLU PromptMatmul: the next matmul is a prompt GEMM

@@ -24,6 +24,9 @@ const std::vector<Preset>& presets() {
       {"tiny-llama3", Arch::Llama, 256, 4, 4, 2, 768, 512, 64, 5e5f, 1e-5f, false, 8192, true},
       {"tiny-qwen3", Arch::Qwen3, 512, 4, 4, 2, 1024, 512, 128, 1e6f, 1e-6f, false, 4096},
       {"tiny-mistral", Arch::Mistral, 512, 4, 4, 1, 1024, 512, 128, 1e6f, 1e-5f, false, 4096},
+      // two layers as wide as the CUDA decode matmul's gate/up ring over several tiles needs
+      // (768 row tiles of 9 groups)
+      {"tiny-wide", Arch::Qwen2, 2304, 2, 18, 2, 6144, 512, 128, 1e6f, 1e-6f, false, 4096},
       {"qwen2.5-0.5b", Arch::Qwen2, 896, 24, 14, 2, 4864, 151936, 64, 1e6f, 1e-6f, true, 32768},
       {"qwen2.5-1.5b", Arch::Qwen2, 1536, 28, 12, 2, 8960, 151936, 128, 1e6f, 1e-6f, true, 32768},
       {"qwen2.5-7b", Arch::Qwen2, 3584, 28, 28, 4, 18944, 152064, 128, 1e6f, 1e-6f, false, 32768},

@@ -19,6 +19,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device.h"
 #include "backend/cuda/device_timeline.h"
 #include "../batching_support.h"
 #include "engine/session.h"
@@ -419,7 +420,8 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   std::vector<std::pair<std::string, Fusions>> variants;
   for (const char* name :
        {"decode_a_fuse", "attention_q8", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu",
-        "fused_rope_kv", "concurrent_gemms", "decode_beside_prompt", "fused_residual", "pdl", "operand_image"}) {
+        "fused_rope_kv", "concurrent_gemms", "decode_beside_prompt", "fused_residual", "pdl", "operand_image",
+        "swiglu_in_matmul"}) {
     Fusions f;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
     if (!std::strcmp(name, "attention_q8")) f.attention_q8 = false;
@@ -427,6 +429,7 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
     if (!std::strcmp(name, "cuda_graph")) f.cuda_graph = false;
     if (!std::strcmp(name, "fused_qkv")) f.fused_qkv = false;
     if (!std::strcmp(name, "fused_ffn")) f.fused_ffn = false;
+    if (!std::strcmp(name, "swiglu_in_matmul")) f.swiglu_in_matmul = false;
     if (!std::strcmp(name, "gemm_swiglu")) f.gemm_swiglu = false;
     if (!std::strcmp(name, "fused_rope_kv")) f.fused_rope_kv = false;
     if (!std::strcmp(name, "concurrent_gemms")) f.concurrent_gemms = false;
@@ -445,6 +448,23 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
       if (HasFatalFailure()) return;
     }
   }
+}
+
+// tiny-wide's gate/up (768 row tiles of 2,304 columns, q4_K) takes the weight ring over several
+// tiles on a GPU of up to 191 SMs, so its decode-only steps (1, 4 and 5 rows in the trace) run the
+// swiglu in that launch's epilogue, which writes down's q8 plane beside the one it reads: the trace
+// of the matmul, then the swiglu kernel.
+TEST(GpuBackend, SwigluInTheGateUpEpilogueKeepsTheTrace) {
+  MINFER_REQUIRE_GPU();
+  ASSERT_LT(cuda::DeviceContext(0).sm_count, 192);
+  const Synth& s = synth_model("tiny-wide");
+  const Trace unfused = [&] {
+    setenv("MINFER_NO_SWIGLU_IN_MATMUL", "1", 1);
+    Trace t = trace(s, Fusions{});
+    unsetenv("MINFER_NO_SWIGLU_IN_MATMUL");
+    return t;
+  }();
+  expect_same_trace(unfused, trace(s, Fusions{}), "the swiglu in gate/up's epilogue");
 }
 
 // The mixed step's two lanes (decode rows, prompt rows) share no memory up to the output rows:
@@ -680,7 +700,7 @@ TEST(GpuBackend, CensusCountsTheDecodeKernels) {
   // One row: the tensor-core kernel unless MINFER_MMA_MIN_ROWS raises the crossover.
   const std::string kernel = cuda::mma_min_rows() <= 1 ? "_mma" : "";
   EXPECT_EQ(by_name["matvec_qkv_rope_kv" + kernel], L);
-  EXPECT_EQ(by_name["matvec_gate_up" + kernel], L);
+  EXPECT_EQ(by_name["matvec_gate_up_swiglu" + kernel], L);  // tiny's (96 row tiles): the matmul, then the swiglu kernel
   EXPECT_EQ(by_name["rms_norm_quant_q8"], 2 * L + 1);
   EXPECT_EQ(by_name.count("quantize_q8"), 0u);  // every matmul input's plane comes from its producer
   EXPECT_EQ(by_name["attention_split_combine_quant_q8"], L);

@@ -782,6 +782,68 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
   }
 }
 
+// The 7B's and the 14B's gate+up launch with the swiglu in its epilogue (the weight ring over
+// several tiles, each tile gate rows above the same up rows; the last of a 256-column group's 32
+// tiles quantizes it) at 1, 5 and 8 tokens: the bits
+// of the launch, then the swiglu kernel, in the values and the q8 plane; the counters end at zero,
+// so a second launch on them gives them again.
+TEST(GpuKernels, SwigluInTheGateUpEpilogueKeepsTheBits) {
+  MINFER_REQUIRE_GPU();
+  cuda::MatVecExtra ring;
+  ring.sm_count = 132;
+  for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
+    const synth::Preset& preset = synth::find_preset(name);
+    const int cols = preset.n_embd, ff = preset.n_ff;
+    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 260), 8, cols), 8, cols);
+    const GateUp gate_up(preset, 261);
+    DeviceBuffer<int32_t> counts(std::vector<int32_t>(size_t(ff / 256), 0));
+    for (int n : {1, 5, 8}) {
+      const size_t values = size_t(n) * size_t(ff);
+      DeviceBuffer<float> gate(values), up(values), plain(values);
+      DevicePlane plain_q8(n, ff);
+      std::vector<cuda::MatSeg> segs = gate_up.segs;
+      segs[0].out = gate.get();
+      segs[1].out = up.get();
+      segs[0].ld_out = segs[1].ld_out = ff;
+      cuda::launch_matmul_mma(segs.data(), 2, plane.plane, n, ring, nullptr);
+      cuda::launch_swiglu(gate.get(), up.get(), plain.get(), n, ff, plain_q8.plane, n, nullptr);
+      const auto want = plain.download();
+      ASSERT_TRUE(cuda::matmul_mma_swiglu_takes({segs[0], segs[1]}, n, ring)) << name;
+      for (int launch = 0; launch < 2; ++launch) {
+        const std::string what = std::string(name) + ", tokens " + std::to_string(n) + ", launch " + std::to_string(launch);
+        DeviceBuffer<float> fused(std::vector<float>(values, NAN));
+        DevicePlane fused_q8(n, ff);
+        cuda::MatVecExtra e = ring;
+        e.swiglu_out = fused.get();
+        e.swiglu_ld = ff;
+        e.swiglu_q8 = fused_q8.plane;
+        e.swiglu_q8_rows = n;
+        e.swiglu_counts = counts.get();
+        cuda::launch_matmul_mma_swiglu({segs[0], segs[1]}, plane.plane, n, e, nullptr);
+        const auto got = fused.download();
+        ASSERT_EQ(std::memcmp(got.data(), want.data(), values * 4), 0) << what;
+        ASSERT_TRUE(same_pad40(fused_q8.to_pad40(), plain_q8.to_pad40())) << what;
+        ASSERT_EQ(counts.download(), std::vector<int32_t>(size_t(ff / 256), 0)) << what;
+      }
+    }
+  }
+  // Launches it does not take: more than 8 tokens, other kernels (one CTA a row tile), no counters.
+  const synth::Preset& preset = synth::find_preset("qwen2.5-7b");
+  const GateUp gate_up(preset, 262);
+  const cuda::MatSeg (&segs)[2] = {gate_up.segs[0], gate_up.segs[1]};
+  EXPECT_FALSE(cuda::matmul_mma_swiglu_takes(segs, 9, ring));
+  cuda::MatVecExtra e = ring;
+  e.decode_ctas = -1;
+  EXPECT_FALSE(cuda::matmul_mma_swiglu_takes(segs, 1, e));
+  DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * preset.n_embd, 1.0f, 263), 8, preset.n_embd), 8,
+                    preset.n_embd);
+  DeviceBuffer<float> out(size_t(8) * preset.n_ff);
+  e = ring;
+  e.swiglu_out = out.get();
+  e.swiglu_ld = preset.n_ff;
+  EXPECT_THROW(cuda::launch_matmul_mma_swiglu(segs, plane.plane, 1, e, nullptr), Error);
+}
+
 // Launches that keep more than one group in flight a warp, each with bias and residual at 1, 5 and
 // 8 tokens, q4_K and q6_K: the 7B's down projection (3,584 rows of 18,944 columns: 74 groups a row,
 // 224 row tiles, one wave at two CTAs an SM on an H200's 132 SMs) and 201 rows of it (a partial

@@ -140,6 +140,8 @@ struct CudaBackend::Impl {
   // launch; two, so the SwiGLU GEMM reads one and writes the other (Launch::bf16_in / bf16_out).
   DeviceArray<uint16_t> bf16[2];
   DeviceArray<float> attn_part, gemm_workspace;
+  DeviceArray<int32_t> swiglu_counts;  // MatVecExtra::swiglu_counts, zero between launches
+  DeviceArray<uint8_t> swiglu_q8;      // swiglu_plane's buffer
   DeviceArray<uint8_t> gemm_weight_image;  // PrefillGemm::weight_image_buffer (empty below its token count)
   DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
   DeviceArray<ArgmaxCandidate> argmax_candidates;
@@ -279,13 +281,21 @@ struct CudaBackend::Impl {
       if (s != kLogits) most = std::max(most, width(s));
     return most;
   }
+  // MatVecExtra::swiglu_counts: one a 256-column group of the FFN's width.
+  int64_t swiglu_groups() const { return hp.n_ff / 256; }
+  // The q8 plane of the swiglu in gate/up's epilogue: that kernel's tokens (<= 8).
+  static constexpr int kSwigluPlaneTokens = 8;
+  // The epilogue gains at one and two rows (H100: 7B +1.0 % / ±0, 14B +1.5 / +1.6 %), not beyond
+  // (four: 7B -0.8 %, 14B +1.0 %; eight: 7B -5.7 %, 14B -0.7 %; docs/13 §3).
+  static constexpr int kSwigluEpilogueMaxRows = 2;
   int64_t workspace_bytes(int tokens, int outputs) const {
     int64_t floats = 0;
     for (int s = 0; s < kNumPlanSlots; ++s) floats += slot_rows(s, tokens, outputs) * width(s);
     floats += attention_workspace_floats(output_capacity(tokens, outputs), hp.n_head, hp.head_dim, splits_for_decode());
     const int64_t planes = input_width();
     return floats * 4 + q8_plane_bytes(tokens, int(planes)) + 2 * (int64_t(tokens) * planes * 2) +
-           gemm_workspace_needed(tokens) + weight_image_needed(tokens) + int64_t(tokens) * 64 +
+           gemm_workspace_needed(tokens) + weight_image_needed(tokens) + int64_t(tokens) * 64 + swiglu_groups() * 4 +
+           q8_plane_bytes(kSwigluPlaneTokens, int(hp.n_ff)) +
            (decode_wgmma ? wgmma_operand_bytes(int(planes)) : 0);
   }
 
@@ -316,6 +326,9 @@ struct CudaBackend::Impl {
     attn_part = DeviceArray<float>(size_t(
         attention_workspace_floats(output_capacity(max_tokens, max_outputs), hp.n_head, hp.head_dim, decode_splits)));
     gemm_workspace = DeviceArray<float>(size_t(gemm_workspace_needed(max_tokens) / 4));
+    swiglu_counts = DeviceArray<int32_t>(size_t(swiglu_groups()));
+    check(cudaMemset(swiglu_counts.get(), 0, swiglu_counts.bytes()), "cudaMemset (swiglu counts)");
+    swiglu_q8 = DeviceArray<uint8_t>(size_t(q8_plane_bytes(kSwigluPlaneTokens, int(hp.n_ff))));
     if (const int64_t image = weight_image_needed(max_tokens))
       gemm_weight_image = DeviceArray<uint8_t>(size_t(image), "cudaMalloc (prompt GEMM weight image)");
     if (decode_wgmma) {
@@ -491,11 +504,11 @@ struct CudaBackend::Impl {
         cudaGraph_t g = nullptr;
         check(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
         try {
-          const std::vector<LaunchImage> images = operand_images(plan, geo, f);
+          const std::vector<LaunchOperands> ops = launch_operands(plan, geo, f);
           timeline_arm(&kernels);
           for (size_t i = 0; i < plan.size(); ++i) {
             timeline_label(launch_name(plan[i], geo));
-            execute(plan[i], geo, f, images[i], serial());
+            execute(plan[i], geo, f, ops[i], serial());
           }
           timeline_arm(nullptr);
         } catch (...) {
@@ -521,14 +534,14 @@ struct CudaBackend::Impl {
         marks.clear();
         for (const SeqChunk& c : b.chunks) kv_positions[c.decode ? 0 : 1] += c.pos + c.n_tokens;
       }
-      const std::vector<LaunchImage> images = operand_images(eager_launches, geo, f);
+      const std::vector<LaunchOperands> ops = launch_operands(eager_launches, geo, f);
       eager_kernels.clear();
       if (record_timeline) {
         timeline_reset(stream.get());
         timeline_arm(&eager_kernels);
       }
       if (f.decode_beside_prompt && shape.decode && shape.prompt && !timing && !dump && lanes_apart(eager_launches)) {
-        execute_beside(eager_launches, geo, f, images);
+        execute_beside(eager_launches, geo, f, ops);
       } else {
         for (size_t i = 0; i < eager_launches.size(); ++i) {
           const Launch& l = eager_launches[i];
@@ -537,7 +550,7 @@ struct CudaBackend::Impl {
             check(cudaEventRecord(marks.back().begin.get(), stream.get()), "cudaEventRecord");
           }
           if (record_timeline) timeline_label(launch_name(l, geo));
-          execute(l, geo, f, images[i], serial());
+          execute(l, geo, f, ops[i], serial());
           if (timing) check(cudaEventRecord(marks.back().end.get(), stream.get()), "cudaEventRecord");
           if (dump && l.completes_node >= 0) dump_output(l.completes_node, geo);
         }
@@ -627,6 +640,7 @@ struct CudaBackend::Impl {
 
   // The q8 plane of rows `width` wide (every producer and consumer of a width carves it alike).
   Q8Plane plane(int64_t width) const { return q8_plane(q8.get(), max_tokens, int(width)); }
+  Q8Plane swiglu_plane() const { return q8_plane(swiglu_q8.get(), kSwigluPlaneTokens, int(hp.n_ff)); }
 
   bool use_mma(const Launch& l, int rows) const {
     if (rows < mma_min_rows()) return false;
@@ -635,28 +649,47 @@ struct CudaBackend::Impl {
     return true;
   }
 
-  // The wgmma matmul's operand image around a launch: the format its q8 plane's producer writes
-  // beside the plane, and the one a decode matmul finds already written.
-  struct LaunchImage {
+  // A decode matmul's operands around a launch: the format of the wgmma matmul's operand image
+  // that its q8 plane's producer writes beside the plane, and the one a decode matmul finds
+  // already written; a gate/up launch with the swiglu in its epilogue, and its consumer reading
+  // the q8 plane it wrote (apart from the one it reads: swiglu_plane).
+  struct LaunchOperands {
     OperandFormat writes = OperandFormat::None, reads = OperandFormat::None;
+    bool swiglu_epilogue = false, reads_swiglu_plane = false;
   };
-  // A producer writes the image (Fusions::operand_image) when the launch right after it is the
-  // decode matmul over its plane's rows and would build that image itself.
-  std::vector<LaunchImage> operand_images(const std::vector<Launch>& plan, const Geometry& geo, const Fusions& f) const {
-    std::vector<LaunchImage> images(plan.size());
-    if (!f.operand_image || !decode_wgmma) return images;
+  // The swiglu goes into gate/up's epilogue where its kernel takes it, the step has at most
+  // kSwigluEpilogueMaxRows decode rows, and the q8 plane it writes, if any, is read by the launch
+  // right after it. A producer writes the image (Fusions::operand_image) when the launch right
+  // after it is the decode matmul over its plane's rows and would build that image itself.
+  std::vector<LaunchOperands> launch_operands(const std::vector<Launch>& plan, const Geometry& geo,
+                                              const Fusions& f) const {
+    std::vector<LaunchOperands> ops(plan.size());
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const Launch& l = plan[i];
+      if (l.kind != LaunchKind::DecodeMatmul || !l.swiglu) continue;
+      const bool read_next = i + 1 < plan.size() && plan[i + 1].kind == LaunchKind::DecodeMatmul &&
+                             plan[i + 1].in == l.out;
+      const int rows = rows_of(l, geo).second;
+      const DecodeMatmulArgs a = decode_matmul_args(l);
+      ops[i].swiglu_epilogue = rows <= kSwigluEpilogueMaxRows && (!l.writes_q8 || read_next) && use_mma(l, rows) &&
+                               matmul_mma_swiglu_takes({a.segs[0], a.segs[1]}, rows, a.extra);
+      if (ops[i].swiglu_epilogue && l.writes_q8) ops[i + 1].reads_swiglu_plane = true;
+    }
+    if (!f.operand_image || !decode_wgmma) return ops;
     for (size_t i = 0; i + 1 < plan.size(); ++i) {
       const Launch &producer = plan[i], &consumer = plan[i + 1];
-      if (!producer.writes_q8 || (producer.kind != LaunchKind::RmsNorm && producer.kind != LaunchKind::SwiGLU)) continue;
+      const bool writer = producer.kind == LaunchKind::RmsNorm || producer.kind == LaunchKind::SwiGLU ||
+                          (producer.kind == LaunchKind::DecodeMatmul && producer.swiglu && !ops[i].swiglu_epilogue);
+      if (!producer.writes_q8 || !writer) continue;
       const int rows = rows_of(consumer, geo).second;
       if (consumer.kind != LaunchKind::DecodeMatmul || consumer.in != producer.out || rows != geo.decode ||
           !use_mma(consumer, rows))
         continue;
       const DecodeMatmulArgs a = decode_matmul_args(consumer);
       const OperandFormat format = matmul_mma_operand_format(a.segs, consumer.n_segs, rows, a.extra);
-      images[i].writes = images[i + 1].reads = format;
+      ops[i].writes = ops[i + 1].reads = format;
     }
-    return images;
+    return ops;
   }
   // Where a launch runs: the stream, and (beside) the rows of its lane, which a launch over all
   // rows covers; beside, kernels wait for their predecessor in full (no PDL across a fork).
@@ -687,7 +720,7 @@ struct CudaBackend::Impl {
   // both start at once; then the output rows after both. Tests put both lanes on the main stream
   // (interleave_lanes): tick t issues the decode lane's launch t, then the prompt lane's t - lead.
   void execute_beside(const std::vector<Launch>& plan, const Geometry& geo, const Fusions& f,
-                      const std::vector<LaunchImage>& images) {
+                      const std::vector<LaunchOperands>& ops) {
     int end = 0;
     while (end < int(plan.size()) && plan[size_t(end)].rows != Rows::Output) ++end;
     const bool forked = !lanes_lead;
@@ -701,20 +734,20 @@ struct CudaBackend::Impl {
     for (int t = std::min(0, lead); t < end + std::max(0, lead); ++t) {
       const int p = t - lead;
       if (t >= 0 && t < end && plan[size_t(t)].rows != Rows::Prompt)
-        execute(plan[size_t(t)], geo, f, images[size_t(t)], decode);
+        execute(plan[size_t(t)], geo, f, ops[size_t(t)], decode);
       if (p >= 0 && p < end && plan[size_t(p)].rows != Rows::Decode)
-        execute(plan[size_t(p)], geo, f, images[size_t(p)], prompt);
+        execute(plan[size_t(p)], geo, f, ops[size_t(p)], prompt);
     }
     if (forked) {
       check(cudaEventRecord(lanes_join.get(), decode_stream.get()), "cudaEventRecord (lanes join)");
       check(cudaStreamWaitEvent(stream.get(), lanes_join.get()), "cudaStreamWaitEvent (lanes join)");
     }
-    for (size_t i = size_t(end); i < plan.size(); ++i) execute(plan[i], geo, f, images[i], serial());
+    for (size_t i = size_t(end); i < plan.size(); ++i) execute(plan[i], geo, f, ops[i], serial());
   }
 
-  OperandImage image_written(const LaunchImage& image) const { return {wgmma_operand.get(), image.writes}; }
+  OperandImage image_written(const LaunchOperands& ops) const { return {wgmma_operand.get(), ops.writes}; }
 
-  void execute(const Launch& l, const Geometry& geo, const Fusions& f, const LaunchImage& image, const Lane& lane) {
+  void execute(const Launch& l, const Geometry& geo, const Fusions& f, const LaunchOperands& ops, const Lane& lane) {
     const Node& node = graph.nodes[size_t(std::max(l.node, 0))];
     auto [row0, count] = rows_of(l, geo);
     if (l.rows == Rows::All && lane.beside) row0 = lane.row0, count = lane.rows;
@@ -723,7 +756,7 @@ struct CudaBackend::Impl {
     const int64_t w_out = l.out >= 0 ? width(l.out) : 0, w_in = l.in >= 0 ? width(l.in) : 0;
     // The q8 plane's rows (decode rows) among the launch's, from its first row.
     const int q8_rows = l.writes_q8 ? std::clamp(geo.decode - row0, 0, count) : 0;
-    const OperandImage image_out = q8_rows > 0 ? image_written(image) : OperandImage{};
+    const OperandImage image_out = q8_rows > 0 ? image_written(ops) : OperandImage{};
     // The bf16 planes hold prompt rows for the GEMMs, which read them from the first prompt row; a
     // launch over decode rows only (the decode lane's share of one over all rows) writes none. A
     // plane is one buffer laid out by each writer's width: the decode rows of a wider slot (the
@@ -747,7 +780,8 @@ struct CudaBackend::Impl {
                                        int64_t(count) * w_in, s.stream);
         return;
       case LaunchKind::DecodeMatmul:
-        decode_matmul(l, count, image.reads, s);
+        if (l.swiglu) return decode_swiglu_matmul(l, count, ops, q8_rows, image_out, s);
+        decode_matmul(l, count, ops.reads, ops.reads_swiglu_plane ? swiglu_plane() : plane(w_in), s);
         return;
       case LaunchKind::PromptMatmul:
         prompt_matmul(l, row0, count, f, s);
@@ -883,14 +917,34 @@ struct CudaBackend::Impl {
     return a;
   }
 
-  void decode_matmul(const Launch& l, int count, OperandFormat image_ready, const KernelStream& s) {
+  void decode_matmul(const Launch& l, int count, OperandFormat image_ready, const Q8Plane& in, const KernelStream& s) {
     DecodeMatmulArgs a = decode_matmul_args(l);
     a.extra.wgmma_operand_ready = image_ready;
-    const int64_t w_in = width(l.in);
     if (use_mma(l, count))
-      launch_matmul_mma(a.segs, l.n_segs, plane(w_in), count, a.extra, s);
+      launch_matmul_mma(a.segs, l.n_segs, in, count, a.extra, s);
     else
-      launch_matvec(a.segs, l.n_segs, plane(w_in), slot(l.in), int(w_in), count, a.extra, s);
+      launch_matvec(a.segs, l.n_segs, in, slot(l.in), int(width(l.in)), count, a.extra, s);
+  }
+
+  // gate and up (the launch's segments) with the swiglu into l.out in the matmul's epilogue where
+  // launch_operands put it there (its q8 rows into swiglu_plane), else the matmul, then the
+  // swiglu kernel.
+  void decode_swiglu_matmul(const Launch& l, int count, const LaunchOperands& ops, int q8_rows,
+                            const OperandImage& image_out, const KernelStream& s) {
+    const DecodeMatmulArgs a = decode_matmul_args(l);
+    const int64_t w_out = width(l.out);
+    if (ops.swiglu_epilogue) {
+      MatVecExtra e = a.extra;
+      e.swiglu_out = slot(l.out);
+      e.swiglu_ld = int(w_out);
+      e.swiglu_q8 = swiglu_plane();
+      e.swiglu_q8_rows = q8_rows;
+      e.swiglu_counts = swiglu_counts.get();
+      return launch_matmul_mma_swiglu({a.segs[0], a.segs[1]}, plane(width(l.in)), count, e, s);
+    }
+    decode_matmul(l, count, ops.reads, plane(width(l.in)), s);
+    launch_swiglu(a.segs[0].out, a.segs[1].out, slot(l.out), count, int(w_out), plane(w_out), q8_rows, s, nullptr,
+                  image_out);
   }
 
   void prompt_matmul(const Launch& l, int row0, int count, const Fusions& f, const KernelStream& s) {

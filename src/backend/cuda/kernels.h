@@ -247,6 +247,20 @@ struct MatVecExtra {
   // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,
   // rows of <= 6,144 columns), unless this is set: B from global memory. The same bits.
   bool activations_from_global = false;
+  // The swiglu in the epilogue of a gate/up launch (segments 0 and 1 gate and up: one type, the same
+  // shape, rows a multiple of 256, no bias or residual), where swiglu_counts is set and the launch
+  // takes the weight ring over several tiles: a row tile is gate rows 8i..8i+7 above up rows
+  // 8i..8i+7, its join writes silu(gate) * up (the swiglu kernel's function) into swiglu_out, and
+  // the CTA that counts the last of a 256-column group's 32 tiles (each CTA counts its tiles after
+  // its last) quantizes the group's first swiglu_q8_rows tokens into swiglu_q8 (the standalone
+  // quantize's bits). swiglu_counts: rows / 256 counters,
+  // zero between launches (the last tile sets its group's back). The same bits as the matmul, then
+  // the swiglu kernel.
+  float* swiglu_out = nullptr;
+  int swiglu_ld = 0;
+  Q8Plane swiglu_q8;
+  int swiglu_q8_rows = 0;
+  int* swiglu_counts = nullptr;
 };
 // For the quantized types with a tensor-core kernel (q4_K, q5_K, q6_K, q8_0) every output element
 // is summed in one fixed order that depends only on the weight type and K ("the canonical order",
@@ -266,6 +280,14 @@ int segments_of_type(const MatSeg* segs, int n_segs, int first, bool (&taken)[kM
 // tokens 0..n_tokens-1 for quantized weights, f32 rows for float weights (their own fixed order).
 void launch_matvec(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, const float* act_f32, int act_f32_stride,
                    int n_tokens, const MatVecExtra& extra, const KernelStream& s);
+// Whether gate/up (segs[0], segs[1]) at n_tokens takes the swiglu in its epilogue: q4_K, <= 8
+// tokens, and launch_matmul_mma would run the weight ring over several tiles on them.
+bool matmul_mma_swiglu_takes(const MatSeg (&segs)[2], int n_tokens, const MatVecExtra& extra);
+// The gate/up launch with the swiglu in its epilogue (MatVecExtra::swiglu_out ...). REQUIRES
+// matmul_mma_swiglu_takes; swiglu_q8 is not act_q8's buffer (the launch's last tiles quantize
+// while other CTAs still read their activations).
+void launch_matmul_mma_swiglu(const MatSeg (&segs)[2], const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                              const KernelStream& s);
 // Tensor-core kernel (int8 mma): same segments and epilogues, every type matmul_mma_supports.
 // REQUIRES act_q8.token0 % 32 == 0 (its fragments are the plane's tiles).
 void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,

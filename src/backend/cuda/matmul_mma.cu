@@ -37,6 +37,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/prefill.h"
 #include "backend/cuda/prefill_mma.cuh"
 #include "backend/cuda/quant_device.cuh"
 #include "util/error.h"
@@ -538,19 +539,26 @@ __device__ Item item_at(const MmaArgs& a, int item) {
   return {si, row_tile - a.first_block[si], Tokens{a.act, item % n_token_tiles * 8 * NTF}};
 }
 
+// The thread's 8 streams of tile rows gid (s[0]) and gid + 8 (s[1]) for token (fragment nf, 2 tid
+// + k), from red (red[warp][value][lane]).
+template <int NTF>
+__device__ __forceinline__ void streams_from_red(const float* red, int nf, int k, float (&s)[2][8]) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s[r][w] = red[(w * NTF * 4 + nf * 4 + 2 * r + k) * 32 + lane];
+}
+
 // The CTA's streams meet in red (red[warp][value][lane], after a barrier) and warp w finishes the
 // (token fragment, token of the thread) pairs w, w + 8, ...: both rows, the tree, the epilogue.
 template <int NTF>
 __device__ void join_streams(const MmaArgs& a, const MatSeg& seg, int tile, const Tokens& tok, const float* red) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
-  constexpr int kValues = NTF * 4;
   for (int q = warp; q < NTF * 2; q += kWarps) {
     const int nf = q / 2, k = q % 2;
     float s[2][8];
-#pragma unroll
-    for (int r = 0; r < 2; ++r)
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s[r][w] = red[(w * kValues + nf * 4 + 2 * r + k) * 32 + lane];
+    streams_from_red<NTF>(red, nf, k, s);
     const int t = tok.first + 8 * nf + 2 * tid + k;
     int r0, r1, j, unused;
     bool ok0, ok1;
@@ -568,6 +576,58 @@ __device__ __forceinline__ void streams_to_red(const float (&acc)[NTF][4], float
   for (int nf = 0; nf < NTF; ++nf)
 #pragma unroll
     for (int e = 0; e < 4; ++e) red[(warp * NTF * 4 + nf * 4 + e) * 32 + lane] = acc[nf][e];
+}
+
+// The swiglu epilogue's join (MatVecExtra::swiglu_out): tile row gid is gate row 8 tile + gid and
+// tile row gid + 8 the same row of up, so the thread holding both writes silu(gate) * up.
+__device__ void join_swiglu(const MmaArgs& a, int tile, const Tokens& tok, const float* red) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
+  if (warp >= 2) return;
+  const int k = warp;
+  float s[2][8];
+  streams_from_red<1>(red, 0, k, s);
+  const int t = tok.first + 2 * tid + k, row = tile * 8 + gid;
+  if (t >= a.n_tokens) return;
+  const size_t o = size_t(t) * a.seg[0].ld_out;
+  const float gate = with_bias_residual(a.seg[0], row, o + row, stream_tree(s[0]));
+  const float up = with_bias_residual(a.seg[1], row, o + row, stream_tree(s[1]));
+  a.extra.swiglu_out[size_t(t) * a.extra.swiglu_ld + row] = silu_mul(gate, up);
+}
+
+// After the CTA's last tile (every thread): each of its tiles counts into its 256-column group
+// (32 tiles of 8 rows), one thread a tile, with a release add that orders the CTA's values before
+// the count as the barrier orders them before the add (no __threadfence: its sequentially
+// consistent fence also empties the SM's L1). The tile whose add completes a group sets its count
+// back to zero for the next launch, and the CTA's warps then quantize the groups it completed, four
+// tokens a warp (at 8 tokens two warps a group: one round trip to L2 each), reading the other
+// tiles' values from L2 after an acquire. Counting as each tile ends instead cost 6 % on the 7B
+// (its fences held back the warp that refills the weight ring). completed: my_tiles ints of shared
+// memory. REQUIRES: every thread of the CTA; blockDim.x / 32 warps.
+__device__ void publish_swiglu_tiles(const MmaArgs& a, const int2* tile_items, int my_tiles, int* completed) {
+  const MatVecExtra& e = a.extra;
+  __syncthreads();  // every tile's values are written
+  for (int k = int(threadIdx.x); k < my_tiles; k += int(blockDim.x)) {
+    int* count = e.swiglu_counts + tile_items[k].y / 32;
+    int before;
+    asm volatile("atom.add.release.gpu.global.s32 %0, [%1], 1;" : "=r"(before) : "l"(count) : "memory");
+    completed[k] = before == 31;
+    if (before == 31) *count = 0;
+  }
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = int(blockDim.x) / 32;
+  const int passes = (e.swiglu_q8_rows + 3) / 4;
+  for (int item = warp; item < my_tiles * passes; item += warps) {
+    const int k = item / passes;
+    if (!completed[k]) continue;
+    asm volatile("fence.acq_rel.gpu;" ::: "memory");  // the other tiles' values after their counts
+    const int t = 4 * (item % passes) + lane / 8, b = tile_items[k].y / 32 * 8 + lane % 8;  // lanes 8i..8i+7: a token
+    const bool valid = t < e.swiglu_q8_rows;
+    const float4* src = reinterpret_cast<const float4*>(e.swiglu_out + size_t(valid ? t : 0) * e.swiglu_ld + 32 * b);
+    float4 v[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = valid ? __ldcg(src + i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    quantize_q8_group_values(v, e.swiglu_q8, t, b, valid);
+  }
 }
 
 // One work item: its streams, then joined by the CTA (without the next tile's first group loaded
@@ -758,22 +818,30 @@ struct WeightRing {
 // to its copies), where recomputing it from the round — a division, the segment search, 64-bit
 // address products, about 105 — held back that warp and every warp waiting for the round (on an
 // H100 7B +1.0 %, 14B +0.8 %). The one-tile ring computes its single tile's source once, as before.
+// kSwiglu (with kSeveralTiles): the swiglu epilogue of MatVecExtra::swiglu_out: row tile i is gate
+// rows 8i..8i+7 (segment 0) above up rows 8i..8i+7 (segment 1), joined by join_swiglu; after its
+// last tile the CTA counts its tiles into their 256-column groups and quantizes the groups it
+// completes (publish_swiglu_tiles).
 // REQUIRES: <= 8 tokens; one row tile a CTA, or with kSeveralTiles gridDim.x <= the row tiles and
 // every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
 // launch bounds); dynamic shared memory of Ring::bytes(groups) for one tile a CTA, of
 // Ring::over_tiles_bytes(groups, the most tiles a CTA takes) for several; every
 // row holds whole groups; the weights readable up to 15 bytes past their last row (the arena's
 // slack, kWeightSlackBytes).
-template <typename Group, int CtasPerSm, bool kSeveralTiles>
+template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
+  static_assert(!kSwiglu || kSeveralTiles, "the swiglu epilogue is the ring over tiles'");
   MINFER_TIMELINE_PROBE();
   using Ring = WeightRing<Group, CtasPerSm>;
   __shared__ float red[kReduceFloats<1>];
   extern __shared__ __align__(128) uint8_t ring_stages[];
   // The CTA's k-th row tile (tile blockIdx.x + k gridDim.x) and its round r are the CTA's round
   // q = k n_rounds + r.
-  const auto item_of = [&](int k) { return item_at<1>(a, int(blockIdx.x) + k * int(gridDim.x)); };
+  const auto item_of = [&](int k) {
+    if constexpr (kSwiglu) return Item{0, int(blockIdx.x) + k * int(gridDim.x), Tokens{a.act, 0}};
+    else return item_at<1>(a, int(blockIdx.x) + k * int(gridDim.x));
+  };
   const Item first = item_of(0);
   const MatSeg& first_seg = a.seg[first.si];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
@@ -812,8 +880,13 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   if constexpr (kSeveralTiles)
     for (int i = int(threadIdx.x); i < my_tiles * kTileRows; i += Ring::kThreadsACta) {
       const Item it = item_of(i / kTileRows);
-      const MatSeg& seg = a.seg[it.si];
-      tile_rows[i] = Group::group_base(seg.w, tile_load_row(seg, a.extra, it.tile, i % kTileRows), 0);
+      if constexpr (kSwiglu) {  // gate rows above up rows
+        const int m = i % kTileRows;
+        tile_rows[i] = Group::group_base(a.seg[m / 8].w, it.tile * 8 + m % 8, 0);
+      } else {
+        const MatSeg& seg = a.seg[it.si];
+        tile_rows[i] = Group::group_base(seg.w, tile_load_row(seg, a.extra, it.tile, i % kTileRows), 0);
+      }
       if (i % kTileRows == 0) tile_items[i / kTileRows] = make_int2(it.si, it.tile);
     }
   __syncthreads();
@@ -882,12 +955,20 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     }
     if (warp < kWarps) streams_to_red<1>(acc, red);
     __syncthreads();
+    if constexpr (kSwiglu) {
+      join_swiglu(a, tile_items[k].y, first.tok, red);
+      if (k + 1 < my_tiles) __syncthreads();  // red and the terms are the next tile's
+      continue;
+    }
     if constexpr (kSeveralTiles)
       join_streams<1>(a, a.seg[tile_items[k].x], tile_items[k].y, first.tok, red);
     else
       join_streams<1>(a, seg, first.tile, first.tok, red);
     if (kSeveralTiles && k + 1 < my_tiles) __syncthreads();  // red and the terms are the next tile's
   }
+  // Every round has been read: the read counts are free for the tiles' completions.
+  if constexpr (kSwiglu)
+    if (a.extra.swiglu_q8_rows > 0) publish_swiglu_tiles(a, tile_items, my_tiles, released);
 }
 
 // The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
@@ -1028,10 +1109,10 @@ void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) 
   launch_mma<1>(matmul_mma_weight_ring_kernel<Group, CtasPerSm, false>, a, row_tiles, s, CtasPerSm,
                 Ring::bytes(most_groups(a)), Ring::kThreadsACta);
 }
-template <typename Group>
+template <typename Group, bool kSwiglu = false>
 void launch_weight_ring_over_tiles(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   constexpr int kCtas = kRingOverTilesCtasPerSm<Group>;
-  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, kCtas, true>, a, kCtas * a.extra.sm_count, s, kCtas,
+  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, kCtas, true, kSwiglu>, a, kCtas * a.extra.sm_count, s, kCtas,
                 ring_over_tiles_bytes<Group>(a, row_tiles), WeightRing<Group, kCtas>::kThreadsACta);
 }
 
@@ -1224,6 +1305,27 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
       default: launch_group<GroupQ8>(a, row_tiles, s); break;
     }
   }
+}
+
+bool matmul_mma_swiglu_takes(const MatSeg (&segs)[2], int n_tokens, const MatVecExtra& extra) {
+  const MatSeg &gate = segs[0], &up = segs[1];
+  if (n_tokens < 1 || n_tokens > 8 || gate.w.type != GgmlType::Q4_K || up.w.type != GgmlType::Q4_K) return false;
+  if (gate.w.rows != up.w.rows || gate.w.cols != up.w.cols || gate.w.rows % 256 != 0) return false;
+  if (gate.bias || up.bias || gate.residual || up.residual || gate.epi != Epilogue::Store || up.epi != Epilogue::Store)
+    return false;
+  return matmul_mma_weight_ring_over_tiles(segs, 2, n_tokens, extra);  // gate/up's kernel, the one with the epilogue
+}
+
+void launch_matmul_mma_swiglu(const MatSeg (&segs)[2], const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
+                              const KernelStream& s) {
+  if (!matmul_mma_swiglu_takes(segs, n_tokens, extra) || extra.swiglu_counts == nullptr ||
+      extra.swiglu_out == nullptr || act_q8.token0 % 32 != 0)
+    fail("matmul_mma: the swiglu in gate/up's epilogue does not take this launch");
+  if (extra.swiglu_q8_rows > n_tokens || (extra.swiglu_q8_rows > 0 && extra.swiglu_q8.n_blocks != segs[0].w.rows / 32))
+    fail("matmul_mma: the swiglu's q8 plane is ", 32 * extra.swiglu_q8.n_blocks, " columns wide, its rows ",
+         segs[0].w.rows);
+  const MmaArgs a = mma_args(segs, 2, act_q8, n_tokens, extra);
+  launch_weight_ring_over_tiles<GroupQK45<false>, true>(a, row_tiles_of(a), s);
 }
 
 }  // namespace minfer::cuda
