@@ -451,20 +451,24 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
 }
 
 // tiny-wide's gate/up (768 row tiles of 2,304 columns, q4_K) takes the weight ring over several
-// tiles on a GPU of up to 191 SMs, so its decode-only steps (1, 4 and 5 rows in the trace) run the
-// swiglu in that launch's epilogue, which writes down's q8 plane beside the one it reads: the trace
-// of the matmul, then the swiglu kernel.
+// tiles on a GPU of up to 191 SMs, so its decode-only steps run the swiglu in that launch's
+// epilogue, which writes down's q8 plane beside the one it reads: the trace of the matmul, then
+// the swiglu kernel, with the epilogue in the trace's one-row steps (the backend's limit) and in
+// its steps of 1, 4 and 5 rows (MINFER_SWIGLU_EPILOGUE_MAX_ROWS=8).
 TEST(GpuBackend, SwigluInTheGateUpEpilogueKeepsTheTrace) {
   MINFER_REQUIRE_GPU();
   ASSERT_LT(cuda::DeviceContext(0).sm_count, 192);
   const Synth& s = synth_model("tiny-wide");
-  const Trace unfused = [&] {
-    setenv("MINFER_NO_SWIGLU_IN_MATMUL", "1", 1);
+  const auto trace_with = [&](const char* var, const char* value) {
+    setenv(var, value, 1);
     Trace t = trace(s, Fusions{});
-    unsetenv("MINFER_NO_SWIGLU_IN_MATMUL");
+    unsetenv(var);
     return t;
-  }();
+  };
+  const Trace unfused = trace_with("MINFER_NO_SWIGLU_IN_MATMUL", "1");
   expect_same_trace(unfused, trace(s, Fusions{}), "the swiglu in gate/up's epilogue");
+  expect_same_trace(unfused, trace_with("MINFER_SWIGLU_EPILOGUE_MAX_ROWS", "8"),
+                    "the swiglu in gate/up's epilogue up to 8 rows");
 }
 
 // The mixed step's two lanes (decode rows, prompt rows) share no memory up to the output rows:

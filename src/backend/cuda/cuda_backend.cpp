@@ -43,6 +43,15 @@ int64_t decode_wgmma_min_weights() {
   return v && *v ? std::max<int64_t>(0, std::atoll(v)) : int64_t(32) << 20;
 }
 
+// The most decode rows of a step whose gate/up launch takes the swiglu in its epilogue: it gains
+// at one and two rows (H100: 7B +1.0 % / ±0, 14B +1.5 / +1.6 %), not beyond (four: 7B -0.8 %, 14B
+// +1.0 %; eight: 7B -5.7 %, 14B -0.7 %; docs/13 §3). MINFER_SWIGLU_EPILOGUE_MAX_ROWS overrides it
+// (the tests run the epilogue at more rows; the kernel takes at most 8).
+int swiglu_epilogue_max_rows() {
+  const char* v = std::getenv("MINFER_SWIGLU_EPILOGUE_MAX_ROWS");
+  return v && *v ? std::max(0, std::atoi(v)) : 2;
+}
+
 // The prompt GEMM's K split is planned for this many tokens whatever a launch holds (batch
 // invariance); 512 is the default step size, where the split was tuned (docs/08).
 constexpr int kGemmPlanTokens = 512;
@@ -114,6 +123,7 @@ struct CudaBackend::Impl {
   const bool decode_wgmma = prefill_gemm_device_has_wgmma() && !env_flag("MINFER_NO_DECODE_WGMMA");
   const bool decode_wgmma_q6k = !env_flag("MINFER_NO_DECODE_WGMMA_Q6K");
   const int64_t wgmma_min_weights = decode_wgmma_min_weights();
+  const int swiglu_epilogue_rows = swiglu_epilogue_max_rows();
   // MINFER_NO_PERSISTENT_DECODE_MATMUL: the tensor-core decode matmul at one token fragment runs a
   // CTA a row tile (MatVecExtra::decode_ctas < 0) instead of CTAs taking several.
   const bool persistent_decode_matmul = !env_flag("MINFER_NO_PERSISTENT_DECODE_MATMUL");
@@ -285,9 +295,6 @@ struct CudaBackend::Impl {
   int64_t swiglu_groups() const { return hp.n_ff / 256; }
   // The q8 plane of the swiglu in gate/up's epilogue: that kernel's tokens (<= 8).
   static constexpr int kSwigluPlaneTokens = 8;
-  // The epilogue gains at one and two rows (H100: 7B +1.0 % / ±0, 14B +1.5 / +1.6 %), not beyond
-  // (four: 7B -0.8 %, 14B +1.0 %; eight: 7B -5.7 %, 14B -0.7 %; docs/13 §3).
-  static constexpr int kSwigluEpilogueMaxRows = 2;
   int64_t workspace_bytes(int tokens, int outputs) const {
     int64_t floats = 0;
     for (int s = 0; s < kNumPlanSlots; ++s) floats += slot_rows(s, tokens, outputs) * width(s);
@@ -658,7 +665,7 @@ struct CudaBackend::Impl {
     bool swiglu_epilogue = false, reads_swiglu_plane = false;
   };
   // The swiglu goes into gate/up's epilogue where its kernel takes it, the step has at most
-  // kSwigluEpilogueMaxRows decode rows, and the q8 plane it writes, if any, is read by the launch
+  // swiglu_epilogue_rows decode rows, and the q8 plane it writes, if any, is read by the launch
   // right after it. A producer writes the image (Fusions::operand_image) when the launch right
   // after it is the decode matmul over its plane's rows and would build that image itself.
   std::vector<LaunchOperands> launch_operands(const std::vector<Launch>& plan, const Geometry& geo,
@@ -671,7 +678,7 @@ struct CudaBackend::Impl {
                              plan[i + 1].in == l.out;
       const int rows = rows_of(l, geo).second;
       const DecodeMatmulArgs a = decode_matmul_args(l);
-      ops[i].swiglu_epilogue = rows <= kSwigluEpilogueMaxRows && (!l.writes_q8 || read_next) && use_mma(l, rows) &&
+      ops[i].swiglu_epilogue = rows <= swiglu_epilogue_rows && (!l.writes_q8 || read_next) && use_mma(l, rows) &&
                                matmul_mma_swiglu_takes({a.segs[0], a.segs[1]}, rows, a.extra);
       if (ops[i].swiglu_epilogue && l.writes_q8) ops[i + 1].reads_swiglu_plane = true;
     }
