@@ -458,17 +458,10 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
 TEST(GpuBackend, SwigluInTheGateUpEpilogueKeepsTheTrace) {
   MINFER_REQUIRE_GPU();
   ASSERT_LT(cuda::DeviceContext(0).sm_count, 192);
-  const Synth& s = synth_model("tiny-wide");
-  const auto trace_with = [&](const char* var, const char* value) {
-    setenv(var, value, 1);
-    Trace t = trace(s, Fusions{});
-    unsetenv(var);
-    return t;
-  };
-  const Trace unfused = trace_with("MINFER_NO_SWIGLU_IN_MATMUL", "1");
-  expect_same_trace(unfused, trace(s, Fusions{}), "the swiglu in gate/up's epilogue");
-  expect_same_trace(unfused, trace_with("MINFER_SWIGLU_EPILOGUE_MAX_ROWS", "8"),
-                    "the swiglu in gate/up's epilogue up to 8 rows");
+  expect_opt_out_keeps_the_trace("tiny-wide", "MINFER_NO_SWIGLU_IN_MATMUL");
+  setenv("MINFER_SWIGLU_EPILOGUE_MAX_ROWS", "8", 1);
+  expect_opt_out_keeps_the_trace("tiny-wide", "MINFER_NO_SWIGLU_IN_MATMUL");
+  unsetenv("MINFER_SWIGLU_EPILOGUE_MAX_ROWS");
 }
 
 // The mixed step's two lanes (decode rows, prompt rows) share no memory up to the output rows:

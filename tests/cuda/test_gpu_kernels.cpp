@@ -783,10 +783,10 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
 }
 
 // The 7B's and the 14B's gate+up launch with the swiglu in its epilogue (the weight ring over
-// several tiles, each tile gate rows above the same up rows; the last of a 256-column group's 32
-// tiles quantizes it) at 1, 5 and 8 tokens: the bits
-// of the launch, then the swiglu kernel, in the values and the q8 plane; the counters end at zero,
-// so a second launch on them gives them again.
+// several tiles, each tile gate rows above the same up rows; the CTA counting a 256-column group's
+// 32nd tile quantizes it) at 1, 5 and 8 tokens: the bits of the launch, then the swiglu kernel, in
+// the values and the q8 plane; the counters end at zero, so a second launch on them gives them
+// again.
 TEST(GpuKernels, SwigluInTheGateUpEpilogueKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   cuda::MatVecExtra ring;

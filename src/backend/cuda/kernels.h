@@ -253,9 +253,8 @@ struct MatVecExtra {
   // 8i..8i+7, its join writes silu(gate) * up (the swiglu kernel's function) into swiglu_out, and
   // the CTA that counts the last of a 256-column group's 32 tiles (each CTA counts its tiles after
   // its last) quantizes the group's first swiglu_q8_rows tokens into swiglu_q8 (the standalone
-  // quantize's bits). swiglu_counts: rows / 256 counters,
-  // zero between launches (the last tile sets its group's back). The same bits as the matmul, then
-  // the swiglu kernel.
+  // quantize's bits). swiglu_counts: rows / 256 counters, zero between launches (that CTA sets its
+  // group's back). The same bits as the matmul, then the swiglu kernel.
   float* swiglu_out = nullptr;
   int swiglu_ld = 0;
   Q8Plane swiglu_q8;

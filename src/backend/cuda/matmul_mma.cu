@@ -955,12 +955,9 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     }
     if (warp < kWarps) streams_to_red<1>(acc, red);
     __syncthreads();
-    if constexpr (kSwiglu) {
+    if constexpr (kSwiglu)
       join_swiglu(a, tile_items[k].y, first.tok, red);
-      if (k + 1 < my_tiles) __syncthreads();  // red and the terms are the next tile's
-      continue;
-    }
-    if constexpr (kSeveralTiles)
+    else if constexpr (kSeveralTiles)
       join_streams<1>(a, a.seg[tile_items[k].x], tile_items[k].y, first.tok, red);
     else
       join_streams<1>(a, seg, first.tile, first.tok, red);
@@ -1309,11 +1306,11 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
 
 bool matmul_mma_swiglu_takes(const MatSeg (&segs)[2], int n_tokens, const MatVecExtra& extra) {
   const MatSeg &gate = segs[0], &up = segs[1];
-  if (n_tokens < 1 || n_tokens > 8 || gate.w.type != GgmlType::Q4_K || up.w.type != GgmlType::Q4_K) return false;
-  if (gate.w.rows != up.w.rows || gate.w.cols != up.w.cols || gate.w.rows % 256 != 0) return false;
+  if (gate.w.type != GgmlType::Q4_K || gate.w.rows != up.w.rows || gate.w.rows % 256 != 0) return false;
   if (gate.bias || up.bias || gate.residual || up.residual || gate.epi != Epilogue::Store || up.epi != Epilogue::Store)
     return false;
-  return matmul_mma_weight_ring_over_tiles(segs, 2, n_tokens, extra);  // gate/up's kernel, the one with the epilogue
+  // gate/up's kernel, the one with the epilogue: 1..8 tokens, segments of one type and one width
+  return matmul_mma_weight_ring_over_tiles(segs, 2, n_tokens, extra);
 }
 
 void launch_matmul_mma_swiglu(const MatSeg (&segs)[2], const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
