@@ -23,10 +23,7 @@ namespace minfer {
 namespace cuda {
 
 int mma_min_rows() {
-  static const int rows = [] {
-    const char* v = std::getenv("MINFER_MMA_MIN_ROWS");
-    return v && *v ? std::max(1, std::atoi(v)) : 1;
-  }();
+  static const int rows = int(env_int("MINFER_MMA_MIN_ROWS", 1, 1));
   return rows;
 }
 
@@ -38,19 +35,13 @@ namespace {
 // the attention combine (no image), so only launches of at least this many weights take it (7B:
 // gate/up, ffn_down and the output head).
 // MINFER_DECODE_WGMMA_MIN_WEIGHTS overrides it (the tests run the kernel on small models).
-int64_t decode_wgmma_min_weights() {
-  const char* v = std::getenv("MINFER_DECODE_WGMMA_MIN_WEIGHTS");
-  return v && *v ? std::max<int64_t>(0, std::atoll(v)) : int64_t(32) << 20;
-}
+int64_t decode_wgmma_min_weights() { return env_int("MINFER_DECODE_WGMMA_MIN_WEIGHTS", int64_t(32) << 20, 0); }
 
 // The most decode rows of a step whose gate/up launch takes the swiglu in its epilogue: it gains
 // at one and two rows (H100: 7B +1.0 % / ±0, 14B +1.5 / +1.6 %), not beyond (four: 7B -0.8 %, 14B
 // +1.0 %; eight: 7B -5.7 %, 14B -0.7 %; docs/13 §3). MINFER_SWIGLU_EPILOGUE_MAX_ROWS overrides it
 // (the tests run the epilogue at more rows; the kernel takes at most 8).
-int swiglu_epilogue_max_rows() {
-  const char* v = std::getenv("MINFER_SWIGLU_EPILOGUE_MAX_ROWS");
-  return v && *v ? std::max(0, std::atoi(v)) : 2;
-}
+int swiglu_epilogue_max_rows() { return int(env_int("MINFER_SWIGLU_EPILOGUE_MAX_ROWS", 2, 0)); }
 
 // The prompt GEMM's K split is planned for this many tokens whatever a launch holds (batch
 // invariance); 512 is the default step size, where the split was tuned (docs/08).
