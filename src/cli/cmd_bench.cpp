@@ -207,7 +207,7 @@ int run_bench(int argc, char** argv) {
   std::string model_path, p_list = "512", n_list = "128", d_list = "0", b_list = "1", output = "md", sweep,
               backend_name = "auto", timeline;
   int reps = 5, ubatch = 4096, block_size = kDefaultKvBlockSize;
-  bool census = false;
+  bool census = false, step_phases = false;
   app.add_option("-m,--model", model_path, "GGUF model (default: the embedded default model)");
   app.add_option("-p,--n-prompt", p_list, "prompt lengths, comma separated (0: none)");
   app.add_option("-n,--n-gen", n_list, "generation lengths, comma separated (0: none)");
@@ -220,6 +220,9 @@ int run_bench(int argc, char** argv) {
       ->check(CLI::Range(1, 65536));
   app.add_option("--kv-block-size", block_size, "KV positions per cache block")->check(CLI::Range(1, 4096));
   app.add_option("--backend", backend_name, "cuda | cpu | auto");
+  app.add_flag("--step-phases", step_phases,
+               "also split each tg row's device time a step into uploads, launches and copies back (CUDA; two "
+               "more events a step)");
   app.add_flag("--census", census, "list the kernels of one decode step of the first batch size and one prompt step of the first -p length (CUDA)");
   app.add_option("--timeline", timeline,
                  "time every CTA of one decode step of the first batch size inside its CUDA graph; a table per "
@@ -235,6 +238,7 @@ int run_bench(int argc, char** argv) {
   if (!timeline.empty() && !cuda::kTimelineBuilt)
     fail("--timeline needs a build configured with -DMINFER_TIMELINE=ON (its kernels carry the probes)");
 #else
+  if (step_phases) fail("--step-phases needs a build with CUDA");
   if (!timeline.empty()) fail("--timeline needs a build with CUDA");
   if (census) fail("--census needs a build with CUDA");
 #endif
@@ -273,6 +277,7 @@ int run_bench(int argc, char** argv) {
   // Before the measurements, which another backend would run to their end first.
   if (!timeline.empty() && !use_cuda) fail("--timeline needs the CUDA backend");
   if (census && !use_cuda) fail("--census needs the CUDA backend");
+  if (step_phases && !use_cuda) fail("--step-phases needs the CUDA backend");
 
   double copy_rate = 0;
   std::string device = "cpu";
@@ -280,6 +285,7 @@ int run_bench(int argc, char** argv) {
   if (use_cuda) {
     copy_rate = cuda::measure_copy_bandwidth();
     device = cuda::device_name();
+    static_cast<cuda::CudaBackend&>(engine.backend()).split_step_times(step_phases);
     const auto& st = static_cast<cuda::CudaBackend&>(engine.backend()).load_stats();
     std::fprintf(stderr,
                  "bench: %s ready in %.2f s (weights %.2f GB uploaded in %.2f s = %.1f GB/s; KV %.2f GB; "
@@ -324,6 +330,10 @@ int run_bench(int argc, char** argv) {
           const int counted = std::max(st.steps, 1);
           std::fprintf(stderr, " (a step: device %.3f ms, idle before it %.1f us)",
                        1e3 * st.device_seconds / counted, 1e6 * st.idle_seconds / std::max(st.steps - 1, 1));
+          if (st.split_steps > 0)
+            std::fprintf(stderr, " (device: uploads %.1f us, launches %.3f ms, copies back %.1f us)",
+                         1e6 * st.upload_seconds / st.split_steps, 1e3 * st.launch_seconds / st.split_steps,
+                         1e6 * st.copy_back_seconds / st.split_steps);
         }
 #endif
         std::fprintf(stderr, "\n");

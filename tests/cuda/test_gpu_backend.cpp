@@ -760,7 +760,8 @@ TEST(GpuBackend, TimelineRecordsEveryCtaOfAStepInLaunchOrder) {
 }
 
 // The step times count every forward since the reset, with device time that fits in the wall time
-// around them; the first step after a reset has no idle time before it.
+// around them; the first step after a reset has no idle time before it. Split, a step's three parts
+// add up to its device time.
 TEST(GpuBackend, StepTimesCountEveryForwardSinceTheReset) {
   MINFER_REQUIRE_GPU();
   const Synth& s = synth_model("tiny");
@@ -782,6 +783,22 @@ TEST(GpuBackend, StepTimesCountEveryForwardSinceTheReset) {
   EXPECT_GT(st.idle_seconds, 0.0);  // the host's turn between steps is never free
   // Both are intervals inside the host's window (the GPU's clock: 1 % and 0.1 ms of slack).
   EXPECT_LE(st.idle_seconds + st.device_seconds, wall * 1.01 + 1e-4);
+  EXPECT_EQ(st.split_steps, 0);  // off unless asked for
+
+  // Split: only the steps after the switch, each in three parts that add up to its device time.
+  cb.split_step_times(true);
+  const double device_before = st.device_seconds;
+  for (int i = 0; i < 3; ++i) next = b->decode_greedy(next);
+  const double split_device = st.device_seconds - device_before;
+  cb.split_step_times(false);
+  b->decode_greedy(next);
+  EXPECT_EQ(st.steps, 9);
+  EXPECT_EQ(st.split_steps, 3);
+  EXPECT_GT(st.upload_seconds, 0.0);
+  EXPECT_GT(st.launch_seconds, 0.0);
+  EXPECT_GT(st.copy_back_seconds, 0.0);
+  // The events' resolution is about half a microsecond: three parts of three steps.
+  EXPECT_NEAR(st.upload_seconds + st.launch_seconds + st.copy_back_seconds, split_device, 9 * 1e-6);
 }
 
 // `minfer batch` on the GPU: --parallel 1 and --parallel 8 write the same greedy lines.

@@ -173,6 +173,8 @@ struct CudaBackend::Impl {
   Event step_begin;
   std::array<Event, 2> step_end;
   bool have_previous_end = false;
+  bool split_steps = false;
+  Event launches_begin, launches_end;
 
   // census: each launch's events and the bytes it must move at least (census_bytes)
   bool census_next = false, timing = false;
@@ -485,6 +487,8 @@ struct CudaBackend::Impl {
     build_io(b, rows - n);
     check(cudaEventRecord(step_begin.get(), stream.get()), "cudaEventRecord");
     upload_io();
+    const bool split = split_steps;
+    if (split) check(cudaEventRecord(launches_begin.get(), stream.get()), "cudaEventRecord");
 
     int max_len = 0;
     for (const SeqChunk& c : b.chunks)
@@ -557,6 +561,7 @@ struct CudaBackend::Impl {
     }
 
     if (!b.draws.empty()) draw(b.draws);
+    if (split) check(cudaEventRecord(launches_end.get(), stream.get()), "cudaEventRecord");
     result.argmax.resize(size_t(n_out));
     check(cudaMemcpyAsync(result.argmax.data(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream.get()),
           "cudaMemcpyAsync (argmax)");
@@ -598,6 +603,16 @@ struct CudaBackend::Impl {
     step_times.steps += 1;
     step_times.device_seconds += 1e-3 * device_ms;
     step_times.idle_seconds += 1e-3 * idle_ms;
+    if (split) {
+      float upload_ms = 0, launch_ms = 0, copy_back_ms = 0;
+      check(cudaEventElapsedTime(&upload_ms, step_begin.get(), launches_begin.get()), "cudaEventElapsedTime");
+      check(cudaEventElapsedTime(&launch_ms, launches_begin.get(), launches_end.get()), "cudaEventElapsedTime");
+      check(cudaEventElapsedTime(&copy_back_ms, launches_end.get(), end), "cudaEventElapsedTime");
+      step_times.split_steps += 1;
+      step_times.upload_seconds += 1e-3 * upload_ms;
+      step_times.launch_seconds += 1e-3 * launch_ms;
+      step_times.copy_back_seconds += 1e-3 * copy_back_ms;
+    }
     have_previous_end = true;
     ++step;
   }
@@ -1131,6 +1146,7 @@ void CudaBackend::reset_step_times() {
   impl_->step_times = {};
   impl_->have_previous_end = false;
 }
+void CudaBackend::split_step_times(bool on) { impl_->split_steps = on; }
 const Fusions& CudaBackend::fusions() const { return impl_->fusions; }
 
 std::vector<KernelTime> CudaBackend::census_result() const {

@@ -27,10 +27,14 @@ struct KernelTime {
 // Where decode and prompt steps spend their wall time, summed over the forwards since
 // reset_step_times(): the device time of each step (CUDA events from its first upload to its last
 // copy back) and the time the device sat idle before it, waiting for the host to submit it
-// (from the end of the previous step; not counted for the first step after a reset).
+// (from the end of the previous step; not counted for the first step after a reset). With
+// split_step_times(true), the device time of those steps also in its three parts: the uploads (to
+// the first launch), the launches (to the last one's end), the copies back.
 struct StepTimes {
   int steps = 0;
   double device_seconds = 0, idle_seconds = 0;
+  int split_steps = 0;
+  double upload_seconds = 0, launch_seconds = 0, copy_back_seconds = 0;
 };
 
 struct LoadStats {
@@ -75,6 +79,8 @@ class CudaBackend final : public Backend {
   const LoadStats& load_stats() const;
   const StepTimes& step_times() const;
   void reset_step_times();
+  // Two more events a step between its phases (off by default: a measurement's own cost).
+  void split_step_times(bool on);
   const Fusions& fusions() const;
 
  private:
