@@ -801,6 +801,33 @@ TEST(GpuBackend, StepTimesCountEveryForwardSinceTheReset) {
   EXPECT_NEAR(st.upload_seconds + st.launch_seconds + st.copy_back_seconds, split_device, 9 * 1e-6);
 }
 
+// A step's rows and block tables go up in one device buffer that grows with the tables, dropping
+// the captured graphs, which hold its address. On tiny (block size 16) eight prompt rows' six
+// sections and 13 tables outgrow its first 56 ints during the prompt, and a decode row's six and
+// 107 tables the doubled 112 at position 1,697: the graphs' logits stay the eager path's, bit for
+// bit, on both sides of it.
+TEST(GpuBackend, GrowingBlockTablesKeepTheGraphsBits) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("tiny");
+  SessionOptions o;
+  o.n_ctx = 2048;
+  o.ubatch = 8;
+  o.max_outputs = 8;
+  o.kv_block_size = 16;
+  Fusions eager = Fusions::from_env();
+  eager.cuda_graph = false;
+  Session graphs(s.model, o, gpu_backend()(s.model)), steps(s.model, o, gpu_backend(eager)(s.model));
+  const auto prompt = random_tokens(200, s.model.hp.n_vocab, 5);
+  graphs.eval(prompt);
+  steps.eval(prompt);
+  int32_t token = prompt.back();
+  for (int i = 0; i < 1600; ++i) {
+    const std::vector<float> a = copy(graphs.decode(token)), b = copy(steps.decode(token));
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * 4), 0) << "the logits differ at position " << 200 + i;
+    token = argmax(a);
+  }
+}
+
 // `minfer batch` on the GPU: --parallel 1 and --parallel 8 write the same greedy lines.
 TEST(GpuBackend, BatchCliParallelOneEqualsEight) {
   MINFER_REQUIRE_GPU();

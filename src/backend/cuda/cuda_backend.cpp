@@ -144,12 +144,16 @@ struct CudaBackend::Impl {
   DeviceArray<int32_t> swiglu_counts;  // MatVecExtra::swiglu_counts, zero between launches
   DeviceArray<uint8_t> swiglu_q8;      // swiglu_plane's buffer
   DeviceArray<uint8_t> gemm_weight_image;  // PrefillGemm::weight_image_buffer (empty below its token count)
-  DeviceArray<int32_t> d_rows;    // tokens | positions | slots | table offsets | output rows | argmax
+  // The step's rows and block tables, so that a step uploads them in one copy: six sections of
+  // rows_pitch ints (tokens | positions | slots | table offsets | output rows | argmax), then the
+  // tables; grows with the tables.
+  DeviceArray<int32_t> d_step;
+  int rows_pitch = 0;  // the step's rows (a captured graph's bucket, so its launches' pointers hold)
   DeviceArray<ArgmaxCandidate> argmax_candidates;
   DeviceArray<int32_t> d_chunks;  // PrefillChunk[max_tokens] | PrefillTile[2 max_tokens]
-  DeviceArray<int32_t> d_tables;  // grows with the step's block tables
   DeviceArray<PrefillHeadGroup> d_head_groups;  // grows with the step's prompt tiles
   PinnedArray<int32_t> h_staging;
+  PinnedArray<int32_t> h_argmax;  // StepOutput::argmax, copied back into page-locked memory
   PinnedArray<float> h_logits;  // StepOutput::logits of the last forward
   // StepBatch::draws (jobs up, tokens back), max_tokens each once a step draws
   PinnedArray<DrawJob> h_draws;
@@ -203,13 +207,14 @@ struct CudaBackend::Impl {
   int64_t kv_width() const { return int64_t(hp.n_head_kv) * hp.head_dim; }
   int64_t width(int slot) const { return slot == kOutputRowsSlot ? graph.slot_width[kH] : graph.slot_width[size_t(slot)]; }
   float* slot(int s) const { return slots[size_t(s)].get(); }
-  int32_t* rows_section(int i) const { return d_rows.get() + size_t(i) * size_t(max_tokens); }
+  int32_t* rows_section(int i) const { return d_step.get() + size_t(i) * size_t(rows_pitch); }
   int32_t* d_tokens() const { return rows_section(0); }
   int32_t* d_positions() const { return rows_section(1); }
   int32_t* d_slots() const { return rows_section(2); }
   int32_t* d_table_offsets() const { return rows_section(3); }
   int32_t* d_output_rows() const { return rows_section(4); }
   int32_t* d_argmax() const { return rows_section(5); }
+  int32_t* d_tables() const { return rows_section(6); }
   PrefillChunk* d_prefill_chunks() const { return reinterpret_cast<PrefillChunk*>(d_chunks.get()); }
   PrefillTile* d_prefill_tiles() const {
     return reinterpret_cast<PrefillTile*>(d_chunks.get() + 4 * size_t(max_tokens));
@@ -336,7 +341,8 @@ struct CudaBackend::Impl {
       // A producer writes only its rows: the others stay finite (they reach no stored output)
       check(cudaMemset(wgmma_operand.get(), 0, wgmma_operand.size()), "cudaMemset (operand image)");
     }
-    d_rows = DeviceArray<int32_t>(6 * size_t(max_tokens));
+    d_step = DeviceArray<int32_t>(7 * size_t(max_tokens));
+    h_argmax = PinnedArray<int32_t>(size_t(max_tokens));
     argmax_candidates = DeviceArray<ArgmaxCandidate>(size_t(max_tokens) * kArgmaxSlices);
     d_chunks = DeviceArray<int32_t>(4 * size_t(max_tokens) + 2 * 2 * size_t(max_tokens));
     stats.workspace_bytes = workspace_bytes(max_tokens, max_outputs);
@@ -410,22 +416,26 @@ struct CudaBackend::Impl {
     io.head_groups = prefill_attention_head_groups(io.chunks, io.tiles, kv_group, io.head_group_items);
   }
 
+  // The step's rows and block tables in one copy (d_step; the argmax section goes up unwritten and
+  // the argmax overwrites it), the prompt chunks' descriptions in their own.
   void upload_io() {
-    const size_t table_ints = io.tables.size();
+    rows_pitch = int(io.tokens.size());
+    const size_t table_ints = io.tables.size(), step_ints = 6 * size_t(rows_pitch) + table_ints;
     const size_t chunk_ints = io.chunks.size() * 4, tile_ints = io.tiles.size() * 2;
-    if (d_tables.size() < table_ints) {
-      d_tables = DeviceArray<int32_t>(std::max(table_ints, 2 * d_tables.size()));
-      graphs.clear();  // they hold the old table address
+    if (d_step.size() < step_ints) {
+      d_step = DeviceArray<int32_t>(std::max(step_ints, 2 * d_step.size()));
+      graphs.clear();  // they hold the old addresses
     }
     const size_t group_ints = io.head_groups.size() * sizeof(PrefillHeadGroup) / 4;
-    const size_t staging = 6 * size_t(max_tokens) + chunk_ints + tile_ints + group_ints + table_ints;
+    const size_t staging = step_ints + chunk_ints + tile_ints + group_ints;
     if (h_staging.size() < staging) h_staging = PinnedArray<int32_t>(std::max(staging, 2 * h_staging.size()));
     int32_t* h = h_staging.get();
     const std::vector<int32_t>* sections[5] = {&io.tokens, &io.positions, &io.slots, &io.table_offsets, &io.output_rows};
-    for (int i = 0; i < 5; ++i) std::copy(sections[i]->begin(), sections[i]->end(), h + size_t(i) * max_tokens);
-    check(cudaMemcpyAsync(d_rows.get(), h, 5 * size_t(max_tokens) * 4, cudaMemcpyHostToDevice, stream.get()),
-          "cudaMemcpyAsync (step rows)");
-    int32_t* tail = h + 6 * size_t(max_tokens);
+    for (int i = 0; i < 5; ++i) std::copy(sections[i]->begin(), sections[i]->end(), h + size_t(i) * rows_pitch);
+    std::copy(io.tables.begin(), io.tables.end(), h + 6 * size_t(rows_pitch));
+    check(cudaMemcpyAsync(d_step.get(), h, step_ints * 4, cudaMemcpyHostToDevice, stream.get()),
+          "cudaMemcpyAsync (step rows and block tables)");
+    int32_t* tail = h + step_ints;
     if (chunk_ints > 0) {
       std::memcpy(tail, io.chunks.data(), chunk_ints * 4);
       std::memcpy(tail + chunk_ints, io.tiles.data(), tile_ints * 4);
@@ -443,10 +453,6 @@ struct CudaBackend::Impl {
                             stream.get()),
             "cudaMemcpyAsync (prompt attention head groups)");
     }
-    int32_t* tables = tail + chunk_ints + tile_ints + group_ints;
-    std::copy(io.tables.begin(), io.tables.end(), tables);
-    check(cudaMemcpyAsync(d_tables.get(), tables, table_ints * 4, cudaMemcpyHostToDevice, stream.get()),
-          "cudaMemcpyAsync (block tables)");
   }
 
   // The step's draws, from the output rows' logits on the device.
@@ -562,8 +568,9 @@ struct CudaBackend::Impl {
 
     if (!b.draws.empty()) draw(b.draws);
     if (split) check(cudaEventRecord(launches_end.get(), stream.get()), "cudaEventRecord");
-    result.argmax.resize(size_t(n_out));
-    check(cudaMemcpyAsync(result.argmax.data(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream.get()),
+    // Into page-locked memory: a copy to pageable memory returns only once the step has finished,
+    // so the host would wait there and then enqueue the rest.
+    check(cudaMemcpyAsync(h_argmax.get(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream.get()),
           "cudaMemcpyAsync (argmax)");
     const size_t vocab = size_t(hp.n_vocab);
     size_t wanted = 0;
@@ -599,6 +606,7 @@ struct CudaBackend::Impl {
     if (have_previous_end)
       check(cudaEventElapsedTime(&idle_ms, step_end[size_t((step + 1) % 2)].get(), step_begin.get()),
             "cudaEventElapsedTime");
+    result.argmax.assign(h_argmax.get(), h_argmax.get() + n_out);
     result.drawn.assign(h_drawn.get(), h_drawn.get() + b.draws.size());
     step_times.steps += 1;
     step_times.device_seconds += 1e-3 * device_ms;
@@ -834,7 +842,7 @@ struct CudaBackend::Impl {
           pa.n_head_groups = int(io.head_groups.size());
           pa.head_group_items = io.head_group_items;
           pa.head_groups_of = hp.n_head / hp.n_head_kv;
-          pa.tables = d_tables.get();
+          pa.tables = d_tables();
           pa.block_size = block_size;
           pa.n_head = node.n_heads;
           pa.n_kv_head = hp.n_head_kv;
@@ -874,7 +882,7 @@ struct CudaBackend::Impl {
     p.n_head = node.n_heads;
     p.n_tokens = count;
     p.positions = d_positions() + row0;
-    p.tables = d_tables.get();
+    p.tables = d_tables();
     p.table_offsets = d_table_offsets() + row0;
     p.block_size = block_size;
     p.n_splits = decode_splits;
