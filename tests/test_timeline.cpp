@@ -97,6 +97,25 @@ TEST(Timeline, ClassesAddTheirLaunchesAndLeftoverGroupsAreCounted) {
   EXPECT_NE(timeline_csv(s).find("2,gate_up,matmul_mma,1,1,1,"), std::string::npos);
 }
 
+// A launch ends with its busiest SM: the CTAs an SM held and each SM's last exit, against the median SM.
+TEST(Timeline, EachLaunchCountsItsCtasAnSmAndHowFarItsLastSmTrails) {
+  const std::vector<TimelineLaunch> launches = {{"down", "matmul_mma", 4}};
+  // SM 0 holds two CTAs (its last exit 9 µs), SM 1 one (4 µs), SM 3 one (6 µs); SM 2 none.
+  const std::vector<TimelineCtaRecord> ctas = {cta(5, 0, 0, 100, 5000), cta(5, 0, 10, 100, 9000),
+                                               cta(5, 1, 20, 100, 4000), cta(5, 3, 30, 100, 6000)};
+  const TimelineSummary s = summarize_timeline(launches, ctas);
+  const TimelineRow& r = s.launches[0];
+  EXPECT_EQ(r.sms, 3);
+  EXPECT_EQ(r.fewest_ctas_an_sm, 1);
+  EXPECT_EQ(r.most_ctas_an_sm, 2);
+  EXPECT_DOUBLE_EQ(r.median_sm_exit, 6.0);  // of 9, 4 and 6; the CTAs' median exit is 5.5
+  EXPECT_DOUBLE_EQ(r.median_exit, 5.5);
+  ASSERT_EQ(s.classes.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.classes[0].sm_spread, 3.0);
+  EXPECT_NE(timeline_table(s).find("| 3.5 | 3.0 |\n"), std::string::npos) << timeline_table(s);  // tail, SM spread
+  EXPECT_NE(timeline_csv(s).find(",1,2,6.000\n"), std::string::npos) << timeline_csv(s);
+}
+
 // A timer of 1 µs ticks (what the summary sees when %globaltimer updates coarsely): the events are
 // placed by each SM's cycle count, within a small part of a tick of their true times.
 TEST(Timeline, ACoarseTimerIsRefinedByEachSmsClock) {

@@ -134,14 +134,25 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
       const auto& g = groups[next++];
       s.launch_of_grid[g.front()->grid] = int(s.launches.size());
       std::vector<uint64_t> enters, waits, marks, exits;
-      std::vector<bool> sm_seen(size_t(s.sms), false);
+      std::vector<int> sm_ctas(size_t(s.sms), 0);
+      std::vector<uint64_t> sm_exit(size_t(s.sms), 0);
       for (const TimelineCtaRecord* c : g) {
         enters.push_back(c->enter - t0);
         exits.push_back(c->exit - t0);
         if (c->wait) waits.push_back(c->wait - t0);
         if (c->mark) marks.push_back(c->mark - t0);
-        if (!sm_seen[c->sm]) sm_seen[c->sm] = true, ++row.sms;
+        sm_ctas[c->sm] += 1;
+        sm_exit[c->sm] = std::max(sm_exit[c->sm], c->exit - t0);
       }
+      std::vector<uint64_t> sm_exits;
+      for (size_t sm = 0; sm < sm_ctas.size(); ++sm) {
+        if (!sm_ctas[sm]) continue;
+        row.fewest_ctas_an_sm = row.sms ? std::min(row.fewest_ctas_an_sm, sm_ctas[sm]) : sm_ctas[sm];
+        row.most_ctas_an_sm = std::max(row.most_ctas_an_sm, sm_ctas[sm]);
+        sm_exits.push_back(sm_exit[sm]);
+        ++row.sms;
+      }
+      row.median_sm_exit = us(median_of(sm_exits));
       row.recorded = int64_t(g.size());
       row.waited = int64_t(waits.size());
       row.first_enter = us(double(*std::min_element(enters.begin(), enters.end())));
@@ -172,6 +183,7 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
     it->release += r.release;
     it->after_release += r.waited ? r.last_exit - r.first_wait : 0;
     it->tail += r.last_exit - r.median_exit;
+    it->sm_spread += r.last_exit - r.median_sm_exit;
   }
 
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per_sm(size_t(s.sms));
@@ -186,13 +198,15 @@ std::string timeline_table(const TimelineSummary& s) {
   std::string out;
   char line[512];
   std::snprintf(line, sizeof line,
-                "| launch class | launches | CTAs | µs in the step | share | release µs | after release µs | tail µs |\n"
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "| launch class | launches | CTAs | µs in the step | share | release µs | after release µs | tail µs | "
+                "SM spread µs |\n"
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   out += line;
   for (const TimelineClass& c : s.classes) {
-    std::snprintf(line, sizeof line, "| %s | %d | %lld | %.1f | %.1f%% | %.1f | %.1f | %.1f |\n", c.label.c_str(),
-                  c.launches, static_cast<long long>(c.ctas), c.increment,
-                  s.step_us > 0 ? 100.0 * c.increment / s.step_us : 0.0, c.release, c.after_release, c.tail);
+    std::snprintf(line, sizeof line, "| %s | %d | %lld | %.1f | %.1f%% | %.1f | %.1f | %.1f | %.1f |\n",
+                  c.label.c_str(), c.launches, static_cast<long long>(c.ctas), c.increment,
+                  s.step_us > 0 ? 100.0 * c.increment / s.step_us : 0.0, c.release, c.after_release, c.tail,
+                  c.sm_spread);
     out += line;
   }
   std::snprintf(line, sizeof line,
@@ -207,14 +221,16 @@ std::string timeline_table(const TimelineSummary& s) {
 std::string timeline_csv(const TimelineSummary& s) {
   std::string out =
       "index,label,kernel,ctas,recorded,sms,first_enter_us,last_enter_us,first_wait_us,median_wait_us,"
-      "median_mark_us,median_exit_us,last_exit_us,increment_us,release_us\n";
+      "median_mark_us,median_exit_us,last_exit_us,increment_us,release_us,fewest_ctas_an_sm,most_ctas_an_sm,"
+      "median_sm_exit_us\n";
   char line[512];
   for (size_t i = 0; i < s.launches.size(); ++i) {
     const TimelineRow& r = s.launches[i];
-    std::snprintf(line, sizeof line, "%zu,%s,%s,%lld,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f\n", i,
-                  r.label.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctas),
+    std::snprintf(line, sizeof line, "%zu,%s,%s,%lld,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%d,%.3f\n",
+                  i, r.label.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctas),
                   static_cast<long long>(r.recorded), r.sms, r.first_enter, r.last_enter, r.first_wait, r.median_wait,
-                  r.median_mark, r.median_exit, r.last_exit, r.increment, r.release);
+                  r.median_mark, r.median_exit, r.last_exit, r.increment, r.release, r.fewest_ctas_an_sm,
+                  r.most_ctas_an_sm, r.median_sm_exit);
     out += line;
   }
   return out;

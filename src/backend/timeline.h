@@ -50,6 +50,10 @@ struct TimelineRow {
   // this launch's release.
   double release = 0;
   int sms = 0;  // SMs that held at least one of its CTAs
+  // Of those SMs: the fewest and the most of its CTAs one held, and the median of their last exits
+  // (a launch ends with its busiest SM: last_exit - median_sm_exit is how far that one trails).
+  int fewest_ctas_an_sm = 0, most_ctas_an_sm = 0;
+  double median_sm_exit = 0;
 };
 
 // The launches of one label (a class of launch) added up.
@@ -60,6 +64,7 @@ struct TimelineClass {
   double increment = 0, release = 0;
   double after_release = 0;  // sum of last_exit - first_wait
   double tail = 0;           // sum of last_exit - median_exit
+  double sm_spread = 0;      // sum of last_exit - median_sm_exit
 };
 
 struct TimelineSummary {
