@@ -145,10 +145,9 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> swiglu_q8;      // swiglu_plane's buffer
   DeviceArray<uint8_t> gemm_weight_image;  // PrefillGemm::weight_image_buffer (empty below its token count)
   // The step's rows and block tables, so that a step uploads them in one copy: six sections of
-  // rows_pitch ints (tokens | positions | slots | table offsets | output rows | argmax), then the
+  // rows_pitch() ints (tokens | positions | slots | table offsets | output rows | argmax), then the
   // tables; grows with the tables.
   DeviceArray<int32_t> d_step;
-  int rows_pitch = 0;  // the step's rows (a captured graph's bucket, so its launches' pointers hold)
   DeviceArray<ArgmaxCandidate> argmax_candidates;
   DeviceArray<int32_t> d_chunks;  // PrefillChunk[max_tokens] | PrefillTile[2 max_tokens]
   DeviceArray<PrefillHeadGroup> d_head_groups;  // grows with the step's prompt tiles
@@ -207,7 +206,9 @@ struct CudaBackend::Impl {
   int64_t kv_width() const { return int64_t(hp.n_head_kv) * hp.head_dim; }
   int64_t width(int slot) const { return slot == kOutputRowsSlot ? graph.slot_width[kH] : graph.slot_width[size_t(slot)]; }
   float* slot(int s) const { return slots[size_t(s)].get(); }
-  int32_t* rows_section(int i) const { return d_step.get() + size_t(i) * size_t(rows_pitch); }
+  // The step's rows (a captured graph's bucket, so its launches' pointers hold).
+  size_t rows_pitch() const { return io.tokens.size(); }
+  int32_t* rows_section(int i) const { return d_step.get() + size_t(i) * rows_pitch(); }
   int32_t* d_tokens() const { return rows_section(0); }
   int32_t* d_positions() const { return rows_section(1); }
   int32_t* d_slots() const { return rows_section(2); }
@@ -419,8 +420,7 @@ struct CudaBackend::Impl {
   // The step's rows and block tables in one copy (d_step; the argmax section goes up unwritten and
   // the argmax overwrites it), the prompt chunks' descriptions in their own.
   void upload_io() {
-    rows_pitch = int(io.tokens.size());
-    const size_t table_ints = io.tables.size(), step_ints = 6 * size_t(rows_pitch) + table_ints;
+    const size_t table_ints = io.tables.size(), step_ints = 6 * rows_pitch() + table_ints;
     const size_t chunk_ints = io.chunks.size() * 4, tile_ints = io.tiles.size() * 2;
     if (d_step.size() < step_ints) {
       d_step = DeviceArray<int32_t>(std::max(step_ints, 2 * d_step.size()));
@@ -431,8 +431,8 @@ struct CudaBackend::Impl {
     if (h_staging.size() < staging) h_staging = PinnedArray<int32_t>(std::max(staging, 2 * h_staging.size()));
     int32_t* h = h_staging.get();
     const std::vector<int32_t>* sections[5] = {&io.tokens, &io.positions, &io.slots, &io.table_offsets, &io.output_rows};
-    for (int i = 0; i < 5; ++i) std::copy(sections[i]->begin(), sections[i]->end(), h + size_t(i) * rows_pitch);
-    std::copy(io.tables.begin(), io.tables.end(), h + 6 * size_t(rows_pitch));
+    for (int i = 0; i < 5; ++i) std::copy(sections[i]->begin(), sections[i]->end(), h + size_t(i) * rows_pitch());
+    std::copy(io.tables.begin(), io.tables.end(), h + 6 * rows_pitch());
     check(cudaMemcpyAsync(d_step.get(), h, step_ints * 4, cudaMemcpyHostToDevice, stream.get()),
           "cudaMemcpyAsync (step rows and block tables)");
     int32_t* tail = h + step_ints;
