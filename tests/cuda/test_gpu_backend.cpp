@@ -522,6 +522,14 @@ TEST(GpuBackend, TwoGroupsInFlightKeepTheBitsOfOne) {
   expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_WEIGHT_RING");
 }
 
+// The weight ring's one-token launches forming only that token's column (qwen2.5-0.5b: down, o and
+// q/k/v through the one-tile rings, gate+up through the ring over tiles) give the logits of every
+// column (MINFER_NO_ONE_TOKEN_COLUMN).
+TEST(GpuBackend, OneTokenColumnKeepsTheBits) {
+  MINFER_REQUIRE_GPU();
+  expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_ONE_TOKEN_COLUMN");
+}
+
 // The decode attention's combine one CTA an SM with its partials bulk-copied gives the logits of
 // the combine without either (MINFER_NO_COMBINE_SPREAD, MINFER_NO_COMBINE_STAGING); the kernel
 // test (SplitKAttention...) compares the staged sums bitwise at depths of up to 16,384.

@@ -782,6 +782,39 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
   }
 }
 
+// The 7B's and the 14B's one-tile weight-ring launches at one token (down in q4_K and q6_K, o,
+// q/k/v; rings at two and three CTAs an SM) and the 7B's head over several tiles a CTA: forming
+// only the token's column of each product gives the bits of every column
+// (MatVecExtra::every_token_column), which the ring forms at 2..8 tokens.
+TEST(GpuKernels, OneTokenColumnKeepsTheBits) {
+  MINFER_REQUIRE_GPU();
+  cuda::MatVecExtra one_column, every_column;
+  one_column.sm_count = every_column.sm_count = 132;
+  every_column.every_token_column = true;
+  for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
+    const synth::Preset& preset = synth::find_preset(name);
+    const int d = preset.n_embd, ff = preset.n_ff, q_rows = preset.n_head * preset.head_dim;
+    struct Shape { GgmlType t; int rows, cols; const char* what; };
+    const Shape shapes[] = {{GgmlType::Q4_K, d, ff, "down q4_K"}, {GgmlType::Q6_K, d, ff, "down q6_K"},
+                            {GgmlType::Q4_K, d, q_rows, "o"}, {GgmlType::Q4_K, q_rows, d, "q"},
+                            {GgmlType::Q6_K, preset.n_head_kv * preset.head_dim, d, "v q6_K"},
+                            {GgmlType::Q6_K, preset.n_vocab / 8, d, "head q6_K (an eighth)"}};
+    for (const Shape& sh : shapes) {
+      const int cols = sh.cols;
+      DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 270), 8, cols), 8, cols);
+      DeviceBuffer<uint8_t> w(with_arena_slack(
+          cuda::device_layout(sh.t, test::random_weight_rows(sh.t, sh.rows, cols, 271 + uint64_t(sh.rows)))));
+      cuda::MatSeg seg;
+      seg.w = {sh.t, sh.rows, cols, w.get()};
+      const std::string what = std::string(name) + " " + sh.what;
+      ASSERT_TRUE(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, one_column) > 0 ||
+                  cuda::matmul_mma_weight_ring_over_tiles(&seg, 1, 1, one_column))
+          << what;
+      expect_same_decode_matmul_bits({seg}, plane.plane, 1, one_column, every_column, what);
+    }
+  }
+}
+
 // The 7B's and the 14B's gate+up launch with the swiglu in its epilogue (the weight ring over
 // several tiles, each tile gate rows above the same up rows; the CTA counting a 256-column group's
 // 32nd tile quantizes it) at 1, 5 and 8 tokens: the bits of the launch, then the swiglu kernel, in
@@ -789,8 +822,9 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
 // again.
 TEST(GpuKernels, SwigluInTheGateUpEpilogueKeepsTheBits) {
   MINFER_REQUIRE_GPU();
-  cuda::MatVecExtra ring;
-  ring.sm_count = 132;
+  cuda::MatVecExtra ring, every_column;  // the reference forms every column at one token too
+  ring.sm_count = every_column.sm_count = 132;
+  every_column.every_token_column = true;
   for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
     const synth::Preset& preset = synth::find_preset(name);
     const int cols = preset.n_embd, ff = preset.n_ff;
@@ -805,7 +839,7 @@ TEST(GpuKernels, SwigluInTheGateUpEpilogueKeepsTheBits) {
       segs[0].out = gate.get();
       segs[1].out = up.get();
       segs[0].ld_out = segs[1].ld_out = ff;
-      cuda::launch_matmul_mma(segs.data(), 2, plane.plane, n, ring, nullptr);
+      cuda::launch_matmul_mma(segs.data(), 2, plane.plane, n, every_column, nullptr);
       cuda::launch_swiglu(gate.get(), up.get(), plain.get(), n, ff, plain_q8.plane, n, nullptr);
       const auto want = plain.download();
       ASSERT_TRUE(cuda::matmul_mma_swiglu_takes({segs[0], segs[1]}, n, ring)) << name;

@@ -132,6 +132,9 @@ struct CudaBackend::Impl {
   // MINFER_NO_SHARED_ACTIVATIONS: that matmul reads its activations from global memory
   // (MatVecExtra::activations_from_global) where it would copy them into shared memory (gate/up).
   const bool shared_activations = !env_flag("MINFER_NO_SHARED_ACTIVATIONS");
+  // MINFER_NO_ONE_TOKEN_COLUMN: the weight ring's one-token launches form every column of their
+  // products (MatVecExtra::every_token_column), as for up to 8 tokens.
+  const bool one_token_column = !env_flag("MINFER_NO_ONE_TOKEN_COLUMN");
   DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
@@ -925,6 +928,7 @@ struct CudaBackend::Impl {
     extra.one_group_in_flight = !two_groups_in_flight;
     extra.weights_in_registers = !weight_ring;
     extra.activations_from_global = !shared_activations;
+    extra.every_token_column = !one_token_column;
     int64_t weights_in_launch = 0;
     bool q6k = false;
     for (int i = 0; i < l.n_segs; ++i) {

@@ -247,6 +247,10 @@ struct MatVecExtra {
   // shared memory and runs four CTAs an SM where its CTAs take several row tiles (gate/up; q4_K,
   // rows of <= 6,144 columns), unless this is set: B from global memory. The same bits.
   bool activations_from_global = false;
+  // The weight ring's launches of one token form only that token's column of each product's
+  // fragment (half the scale products and terms, one of the two min products), unless this is
+  // set: every column, as for up to 8 tokens. The same bits.
+  bool every_token_column = false;
   // The swiglu in the epilogue of a gate/up launch (segments 0 and 1 gate and up: one type, the same
   // shape, rows a multiple of 256, no bias or residual), where swiglu_counts is set and the launch
   // takes the weight ring over several tiles: a row tile is gate rows 8i..8i+7 above up rows

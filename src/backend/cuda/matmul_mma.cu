@@ -199,7 +199,7 @@ struct GroupQK45 {
     return v;
   }
   __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_run(q + 8 * tid); }
-  template <int NTF>
+  template <int NTF, bool kOneToken = false>
   __device__ void multiply(int j, const uint2 (&b)[NTF], int, const Tokens&, int, Part (&part)[NTF]) const {
     const int p = j / 2;
     const uint32_t a[4] = {quants(qs[0][p].x, Q5 ? qh[0].x : 0u, j), quants(qs[1][p].x, Q5 ? qh[1].x : 0u, j),
@@ -212,14 +212,15 @@ struct GroupQK45 {
       int c[4] = {0, 0, 0, 0};
       mma_k32(c, a, b[nf].x, b[nf].y);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[nf].s[e] += sc[e / 2] * c[e];
+      for (int e = 0; e < 4; e += kOneToken ? 2 : 1) part[nf].s[e] += sc[e / 2] * c[e];
     }
   }
   // M of group g: A row r = its 8 m_j at k 0..7 (tid 0: m 0-3, tid 1: m 4-7; k 8..15 zero), B
   // column n = gid = the digits part (gid & 1) of token pair gid / 2 (kernels.h: Q8Plane), one
-  // product for the pair's even tokens and one for the odd: thread element (row, 2 tid + parity)
-  // = C_l + 64 C_h in (c[2 row'], c[2 row' + 1]) of the parity's product.
-  template <int NTF>
+  // product for the pair's even tokens and one for the odd (kOneToken: the even one alone): thread
+  // element (row, 2 tid + parity) = C_l + 64 C_h in (c[2 row'], c[2 row' + 1]) of the parity's
+  // product.
+  template <int NTF, bool kOneToken = false>
   __device__ void close(const Tokens& tok, int g, int lane, Part (&part)[NTF]) const {
     const int gid = lane / 4, tid = lane % 4;
     const uint32_t a0 = tid == 0 ? h[0].z : tid == 1 ? m_hi[0] : 0u;
@@ -232,7 +233,7 @@ struct GroupQK45 {
       const uint2 d = __ldg(reinterpret_cast<const uint2*>(digits + nf * Q8Plane::kDigitsFragment));
       int even[4] = {0, 0, 0, 0}, odd[4] = {0, 0, 0, 0};
       mma_k16(even, a0, a1, d.x);
-      mma_k16(odd, a0, a1, d.y);
+      if (!kOneToken) mma_k16(odd, a0, a1, d.y);
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         part[nf].m[2 * r] = even[2 * r] + 64 * even[2 * r + 1];
@@ -240,11 +241,13 @@ struct GroupQK45 {
       }
     }
   }
+  template <bool kOneToken = false>
   __device__ void finish(const Part& part, const float (&da)[2], float (&t)[4]) const {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const uint4& hr = h[e / 2];
-      t[e] = group_term_qk(h2f(uint16_t(hr.x)), h2f(uint16_t(hr.x >> 16)), part.s[e], part.m[e], da[e % 2]);
+      if (kOneToken && e % 2) t[e] = 0.0f;
+      else t[e] = group_term_qk(h2f(uint16_t(hr.x)), h2f(uint16_t(hr.x >> 16)), part.s[e], part.m[e], da[e % 2]);
     }
   }
 };
@@ -291,7 +294,7 @@ struct GroupQ6K {
     for (int r = 0; r < 2; ++r) load_row<FromGlobal>(r, group_base(m, R[r], g), tid);
   }
   __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_pair(q + 4 * tid, q + 16 + 4 * tid); }
-  template <int NTF>
+  template <int NTF, bool kOneToken = false>
   __device__ void multiply(int j, const uint2 (&b)[NTF], int, const Tokens&, int, Part (&part)[NTF]) const {
     const int hh = j / 4, kq = j % 4;
     uint32_t a[2][2];  // [half][row]
@@ -309,14 +312,15 @@ struct GroupQ6K {
       mma_k16(lo, a[0][0], a[0][1], b[nf].x);
       mma_k16(hi, a[1][0], a[1][1], b[nf].y);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[nf].s[e] += s[0][e / 2] * lo[e] + s[1][e / 2] * hi[e];
+      for (int e = 0; e < 4; e += kOneToken ? 2 : 1) part[nf].s[e] += s[0][e / 2] * lo[e] + s[1][e / 2] * hi[e];
     }
   }
-  template <int NTF>
+  template <int NTF, bool kOneToken = false>
   __device__ void close(const Tokens&, int, int, Part (&)[NTF]) const {}
+  template <bool kOneToken = false>
   __device__ void finish(const Part& part, const float (&da)[2], float (&t)[4]) const {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) t[e] = group_term_q6k(d[e / 2], part.s[e], da[e % 2]);
+    for (int e = 0; e < 4; ++e) t[e] = kOneToken && e % 2 ? 0.0f : group_term_q6k(d[e / 2], part.s[e], da[e % 2]);
   }
 };
 
@@ -361,7 +365,7 @@ struct GroupQ8 {
       }
   }
   __device__ static uint2 b_operand(const uint8_t* q, int tid) { return ldg_b_run(q + 8 * tid); }
-  template <int NTF>
+  template <int NTF, bool = false>  // every column: q8_0 takes no one-token form
   __device__ void multiply(int j, const uint2 (&b)[NTF], int blk, const Tokens& tok, int tid, Part (&part)[NTF]) const {
     const uint32_t a[4] = {q[0][j][0], q[1][j][0], q[0][j][1], q[1][j][1]};
 #pragma unroll
@@ -385,8 +389,9 @@ struct GroupQ8 {
       }
     }
   }
-  template <int NTF>
+  template <int NTF, bool = false>
   __device__ void close(const Tokens&, int, int, Part (&)[NTF]) const {}
+  template <bool = false>
   __device__ void finish(const Part& part, const float (&)[2], float (&t)[4]) const {
 #pragma unroll
     for (int e = 0; e < 4; ++e) t[e] = __fadd_rn(part.q[e], part.r[e]);
@@ -422,8 +427,10 @@ __device__ __forceinline__ int tile_load_row(const MatSeg& seg, const MatVecExtr
 
 // Group g's terms into the stream acc, from the weights in cur: its B loads (from the plane at
 // b_tile, the thread's token in block 0 of the CTA's first fragment; kSharedB: from the CTA's copy
-// of fragment 0), its sub-blocks' products, close() and finish().
-template <typename Group, int NTF, bool kSharedB>
+// of fragment 0), its sub-blocks' products, close() and finish(). kOneToken (a launch of one
+// token): only the thread's even columns (token 2 tid) are formed, the odd ones' terms are zero —
+// only token 0 is stored, and its sums are the same operations in the same order.
+template <typename Group, int NTF, bool kSharedB, bool kOneToken = false>
 __device__ __forceinline__ void add_group_terms(const Group& cur, int g, const uint8_t* b_tile, int n_blocks,
                                                 const Tokens& tok, float (&acc)[NTF][4]) {
   const int lane = threadIdx.x % 32, gid = lane / 4, tid = lane % 4;
@@ -456,15 +463,15 @@ __device__ __forceinline__ void add_group_terms(const Group& cur, int g, const u
     if (j + kLead < 8)
 #pragma unroll
       for (int nf = 0; nf < NTF; ++nf) b[j + kLead][nf] = b_operand(j + kLead, nf);
-    cur.multiply(j, b[j], 8 * g + j, tok, tid, part);
+    cur.template multiply<NTF, kOneToken>(j, b[j], 8 * g + j, tok, tid, part);
   }
-  cur.close(tok, g, lane, part);
+  cur.template close<NTF, kOneToken>(tok, g, lane, part);
 #pragma unroll
   for (int nf = 0; nf < NTF; ++nf) {
     const float2 pair = tok.scale_pair(8 * nf + 2 * tid, g);
     const float da[2] = {pair.x, pair.y};
     float t[4];
-    cur.finish(part[nf], da, t);
+    cur.template finish<kOneToken>(part[nf], da, t);
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[nf][e] = __fadd_rn(acc[nf][e], t[e]);
   }
@@ -822,13 +829,14 @@ struct WeightRing {
 // rows 8i..8i+7 (segment 0) above up rows 8i..8i+7 (segment 1), joined by join_swiglu; after its
 // last tile the CTA counts its tiles into their 256-column groups and quantizes the groups it
 // completes (publish_swiglu_tiles).
-// REQUIRES: <= 8 tokens; one row tile a CTA, or with kSeveralTiles gridDim.x <= the row tiles and
-// every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
+// kOneToken (a launch of one token): each product forms token 0's column alone (add_group_terms).
+// REQUIRES: <= 8 tokens (kOneToken: 1); one row tile a CTA, or with kSeveralTiles gridDim.x <= the
+// row tiles and every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
 // launch bounds); dynamic shared memory of Ring::bytes(groups) for one tile a CTA, of
 // Ring::over_tiles_bytes(groups, the most tiles a CTA takes) for several; every
 // row holds whole groups; the weights readable up to 15 bytes past their last row (the arena's
 // slack, kWeightSlackBytes).
-template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false>
+template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false, bool kOneToken = false>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
   static_assert(!kSwiglu || kSeveralTiles, "the swiglu epilogue is the ring over tiles'");
@@ -938,10 +946,10 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
       }
       if constexpr (Ring::kTermsInShared) {
         float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
-        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, first.tok, term);
+        add_group_terms<Group, 1, false, kOneToken>(cur, g, b_tile, m.cols / 32, first.tok, term);
         terms[g * 32 + lane] = make_float4(term[0][0], term[0][1], term[0][2], term[0][3]);
       } else {
-        add_group_terms<Group, 1, false>(cur, g, b_tile, m.cols / 32, first.tok, acc);
+        add_group_terms<Group, 1, false, kOneToken>(cur, g, b_tile, m.cols / 32, first.tok, acc);
       }
     }
     if constexpr (Ring::kTermsInShared) {
@@ -1100,17 +1108,22 @@ bool two_groups_in_registers(const MmaArgs& a, int row_tiles) {
   return one_wave_of_many_groups(a, row_tiles, 2, 2 * kWarps);
 }
 
+// The ring's launches of one token take its one-token form unless MatVecExtra::every_token_column.
+bool one_token_form(const MmaArgs& a) { return a.n_tokens == 1 && !a.extra.every_token_column; }
 template <typename Group, int CtasPerSm>
 void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   using Ring = WeightRing<Group, CtasPerSm>;
-  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, CtasPerSm, false>, a, row_tiles, s, CtasPerSm,
-                Ring::bytes(most_groups(a)), Ring::kThreadsACta);
+  launch_mma<1>(one_token_form(a) ? matmul_mma_weight_ring_kernel<Group, CtasPerSm, false, false, true>
+                                  : matmul_mma_weight_ring_kernel<Group, CtasPerSm, false>,
+                a, row_tiles, s, CtasPerSm, Ring::bytes(most_groups(a)), Ring::kThreadsACta);
 }
 template <typename Group, bool kSwiglu = false>
 void launch_weight_ring_over_tiles(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   constexpr int kCtas = kRingOverTilesCtasPerSm<Group>;
-  launch_mma<1>(matmul_mma_weight_ring_kernel<Group, kCtas, true, kSwiglu>, a, kCtas * a.extra.sm_count, s, kCtas,
-                ring_over_tiles_bytes<Group>(a, row_tiles), WeightRing<Group, kCtas>::kThreadsACta);
+  launch_mma<1>(one_token_form(a) ? matmul_mma_weight_ring_kernel<Group, kCtas, true, kSwiglu, true>
+                                  : matmul_mma_weight_ring_kernel<Group, kCtas, true, kSwiglu>,
+                a, kCtas * a.extra.sm_count, s, kCtas, ring_over_tiles_bytes<Group>(a, row_tiles),
+                WeightRing<Group, kCtas>::kThreadsACta);
 }
 
 // The kernel a one-fragment launch of one k-quant type takes, tried in this order (launch_group,
