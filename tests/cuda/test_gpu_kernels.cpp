@@ -783,9 +783,9 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
 }
 
 // The 7B's and the 14B's one-tile weight-ring launches at one token (down in q4_K and q6_K, o,
-// q/k/v; rings at two and three CTAs an SM) and the 7B's head over several tiles a CTA: forming
-// only the token's column of each product gives the bits of every column
-// (MatVecExtra::every_token_column), which the ring forms at 2..8 tokens.
+// q, a q6_K v; rings at two and three CTAs an SM) and an eighth of each one's q6_K head (the ring
+// over several tiles a CTA), B holding 8 tokens: forming only token 0's column of each product
+// gives the bits of every column (MatVecExtra::every_token_column), as the ring forms at 2..8.
 TEST(GpuKernels, OneTokenColumnKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   cuda::MatVecExtra one_column, every_column;
