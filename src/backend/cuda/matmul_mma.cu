@@ -88,6 +88,13 @@ __device__ __forceinline__ void mma_k32(int (&c)[4], const uint32_t (&a)[4], uin
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+// The same with A's bytes unsigned (0..255).
+__device__ __forceinline__ void mma_k32_unsigned_a(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
                : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
@@ -193,7 +200,16 @@ struct GroupQK45 {
 #pragma unroll
     for (int r = 0; r < 2; ++r) load_row<FromGlobal>(r, m.data + (size_t(R[r]) * nsb + g) * kBytes, tid);
   }
+  // In the one-token form q4_K's products are 16 times the canonical sums (sixteenfold): an odd
+  // sub-block's high nibbles are read in place as unsigned bytes (16 q: one AND instead of a shift
+  // and an AND) and an even sub-block's scale is taken 16 times; finish() shifts the exact integer
+  // sum back (|16 S| <= 8 x 63 x 16 x 32 x 15 x 128 < 2^29). Not at more tokens, where it spilled
+  // the four-fragment kernel (4 bytes, machine code).
+  template <bool kOneToken>
+  static constexpr bool kSixteenfold = kOneToken && !Q5;
+  template <bool kSixteen>
   __device__ static uint32_t quants(uint32_t q, uint32_t high, int j) {
+    if (kSixteen) return q & (j & 1 ? 0xF0F0F0F0u : 0x0F0F0F0Fu);
     uint32_t v = (q >> (4 * (j & 1))) & 0x0F0F0F0Fu;
     if (Q5) v |= ((high >> j) & 0x01010101u) << 4;
     return v;
@@ -202,15 +218,24 @@ struct GroupQK45 {
   template <int NTF, bool kOneToken = false>
   __device__ void multiply(int j, const uint2 (&b)[NTF], int, const Tokens&, int, Part (&part)[NTF]) const {
     const int p = j / 2;
-    const uint32_t a[4] = {quants(qs[0][p].x, Q5 ? qh[0].x : 0u, j), quants(qs[1][p].x, Q5 ? qh[1].x : 0u, j),
-                           quants(qs[0][p].y, Q5 ? qh[0].y : 0u, j), quants(qs[1][p].y, Q5 ? qh[1].y : 0u, j)};
+    constexpr bool kSixteen = kSixteenfold<kOneToken>;
+    const uint32_t a[4] = {quants<kSixteen>(qs[0][p].x, Q5 ? qh[0].x : 0u, j),
+                           quants<kSixteen>(qs[1][p].x, Q5 ? qh[1].x : 0u, j),
+                           quants<kSixteen>(qs[0][p].y, Q5 ? qh[0].y : 0u, j),
+                           quants<kSixteen>(qs[1][p].y, Q5 ? qh[1].y : 0u, j)};
     const int byte = j % 4;
-    const int sc[2] = {int(((j < 4 ? h[0].y : h[0].w) >> (8 * byte)) & 0xFF),
-                       int(((j < 4 ? h[1].y : h[1].w) >> (8 * byte)) & 0xFF)};
+    // Byte `byte` of the unpacked scales (16 times it for an even sub-block of q4_K): one shift
+    // and one AND either way.
+    const auto scale = [&](uint32_t word) {
+      if (!kSixteen || j % 2) return int((word >> (8 * byte)) & 0xFFu);
+      return int((byte == 0 ? word << 4 : word >> (8 * byte - 4)) & 0xFF0u);
+    };
+    const int sc[2] = {scale(j < 4 ? h[0].y : h[0].w), scale(j < 4 ? h[1].y : h[1].w)};
 #pragma unroll
     for (int nf = 0; nf < NTF; ++nf) {
       int c[4] = {0, 0, 0, 0};
-      mma_k32(c, a, b[nf].x, b[nf].y);
+      if (kSixteen) mma_k32_unsigned_a(c, a, b[nf].x, b[nf].y);
+      else mma_k32(c, a, b[nf].x, b[nf].y);
 #pragma unroll
       for (int e = 0; e < 4; e += kOneToken ? 2 : 1) part[nf].s[e] += sc[e / 2] * c[e];
     }
@@ -246,8 +271,9 @@ struct GroupQK45 {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const uint4& hr = h[e / 2];
+      const int sum = kSixteenfold<kOneToken> ? part.s[e] >> 4 : part.s[e];  // exact: a multiple of 16
       if (kOneToken && e % 2) t[e] = 0.0f;
-      else t[e] = group_term_qk(h2f(uint16_t(hr.x)), h2f(uint16_t(hr.x >> 16)), part.s[e], part.m[e], da[e % 2]);
+      else t[e] = group_term_qk(h2f(uint16_t(hr.x)), h2f(uint16_t(hr.x >> 16)), sum, part.m[e], da[e % 2]);
     }
   }
 };
