@@ -946,7 +946,9 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
         row_at[i] = stages + (gid + 8 * i) * Ring::kPitch +
                     uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[i], 0)) & 15);
     }
-    const uint8_t* b_tile = first.tok.plane.block_quants(first.tok.first, 0) + 32 * gid;
+    // One token: every lane reads token 0's bytes (one sector a load; the other columns repeat
+    // token 0 and are never stored).
+    const uint8_t* b_tile = first.tok.plane.block_quants(first.tok.first, 0) + 32 * (kOneToken ? 0 : gid);
     // Every group of a round is read by one warp, each warp taking its groups in order (a tile's
     // before the next tile's, past the join's barriers), so the round holding the lowest unread
     // group is always in its stage: no warp waits on a round that a waiting warp holds back. A
