@@ -224,8 +224,8 @@ struct GroupQK45 {
                            quants<kSixteen>(qs[0][p].y, Q5 ? qh[0].y : 0u, j),
                            quants<kSixteen>(qs[1][p].y, Q5 ? qh[1].y : 0u, j)};
     const int byte = j % 4;
-    // Byte `byte` of the unpacked scales (16 times it for an even sub-block of q4_K): one shift
-    // and one AND either way.
+    // Byte `byte` of the unpacked scales, 16 times it for an even sub-block in the sixteenfold
+    // form: one shift and one AND either way.
     const auto scale = [&](uint32_t word) {
       if (!kSixteen || j % 2) return int((word >> (8 * byte)) & 0xFFu);
       return int((byte == 0 ? word << 4 : word >> (8 * byte - 4)) & 0xFF0u);
