@@ -78,7 +78,9 @@ TEST_P(MatMulTypes, MatchesFloat64Reference) {
 
   for (int64_t t = 0; t < n_tokens; ++t) {
     // Quantized weights multiply q8 activations: reproduce that rounding from the documented
-    // pad40 recipe (d = amax/127 stored as f16, q = round(x/d)) so the tolerance can stay tight.
+    // pad40 recipe (d = amax/127 stored as f16, q = round(x * (1/d)) with the product in float)
+    // so the tolerance can stay tight. The product must be rounded to float as the quantizer
+    // rounds it: in double, an x whose x/d lies a hair off a half rounds the other way.
     std::vector<double> xt(&x[size_t(t * n_in)], &x[size_t((t + 1) * n_in)]);
     if (has_pad40_dot(type)) {
       for (int64_t b = 0; b < n_in; b += QK) {
@@ -87,7 +89,7 @@ TEST_P(MatMulTypes, MatchesFloat64Reference) {
         const float d = float(amax / 127);
         const double d_stored = f16_to_f32(f32_to_f16(d));
         for (int i = 0; i < QK; ++i) {
-          const double q = d == 0 ? 0 : std::clamp(std::nearbyint(xt[size_t(b + i)] * (1.0f / d)), -128.0, 127.0);
+          const double q = d == 0 ? 0 : std::clamp(std::nearbyint(double(float(xt[size_t(b + i)]) * (1.0f / d))), -128.0, 127.0);
           xt[size_t(b + i)] = q * d_stored;
         }
       }
