@@ -77,22 +77,17 @@ TEST_P(MatMulTypes, MatchesFloat64Reference) {
   cpu::matmul(pool, w.tensor, bias.data(), x.data(), n_tokens, out.data(), scratch);
 
   for (int64_t t = 0; t < n_tokens; ++t) {
-    // Quantized weights multiply q8 activations: reproduce that rounding from the documented
-    // pad40 recipe (d = amax/127 stored as f16, q = round(x * (1/d)) with the product in float)
-    // so the tolerance can stay tight. The product must be rounded to float as the quantizer
-    // rounds it: in double, an x whose x/d lies a hair off a half rounds the other way.
+    // Quantized weights multiply q8 activations: the reference takes the values the pad40 blocks
+    // hold, as it takes what the weight holds, so the tolerance can stay tight. The quantizer is
+    // held to its written-out rule bitwise by QuantPad40.MatchesTheRuleBitwise; a second copy of
+    // that rule here, in double, once rounded a product a hair off a half the other way.
     std::vector<double> xt(&x[size_t(t * n_in)], &x[size_t((t + 1) * n_in)]);
     if (has_pad40_dot(type)) {
-      for (int64_t b = 0; b < n_in; b += QK) {
-        double amax = 0;
-        for (int i = 0; i < QK; ++i) amax = std::max(amax, std::fabs(xt[size_t(b + i)]));
-        const float d = float(amax / 127);
-        const double d_stored = f16_to_f32(f32_to_f16(d));
-        for (int i = 0; i < QK; ++i) {
-          const double q = d == 0 ? 0 : std::clamp(std::nearbyint(double(float(xt[size_t(b + i)]) * (1.0f / d))), -128.0, 127.0);
-          xt[size_t(b + i)] = q * d_stored;
-        }
-      }
+      std::vector<BlockQ8Pad40> blocks(size_t(n_in / QK));
+      std::vector<float> held(static_cast<size_t>(n_in));
+      quantize_row_pad40(&x[size_t(t * n_in)], blocks.data(), n_in);
+      dequantize_row_pad40(blocks.data(), held.data(), n_in);
+      xt.assign(held.begin(), held.end());
     }
     double x_norm = 0;
     for (double v : xt) x_norm += v * v;
