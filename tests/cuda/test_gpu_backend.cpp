@@ -530,6 +530,14 @@ TEST(GpuBackend, OneTokenColumnKeepsTheBits) {
   expect_opt_out_keeps_the_trace("qwen2.5-0.5b", "MINFER_NO_ONE_TOKEN_COLUMN");
 }
 
+// The weight rings' rounds by tensor copies (tiny-wide: q/k/v with neox rope, o, down and gate+up
+// through the rings, its q6_K v and head on the rows' copies; qwen2.5-0.5b: down) give the logits
+// of a bulk copy a row (MINFER_NO_RING_TENSOR_COPIES).
+TEST(GpuBackend, RingTensorCopiesKeepTheBits) {
+  MINFER_REQUIRE_GPU();
+  for (const char* preset : {"tiny-wide", "qwen2.5-0.5b"}) expect_opt_out_keeps_the_trace(preset, "MINFER_NO_RING_TENSOR_COPIES");
+}
+
 // The decode attention's combine one CTA an SM with its partials bulk-copied gives the logits of
 // the combine without either (MINFER_NO_COMBINE_SPREAD, MINFER_NO_COMBINE_STAGING); the kernel
 // test (SplitKAttention...) compares the staged sums bitwise at depths of up to 16,384.

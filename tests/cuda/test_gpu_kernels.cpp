@@ -815,6 +815,48 @@ TEST(GpuKernels, OneTokenColumnKeepsTheBits) {
   }
 }
 
+// The weight rings' rounds by tensor copies, a copy a half tile, give the bits of a bulk copy a row
+// (MatVecExtra::ring_row_copies) at 1, 5 and 8 tokens: the 7B's and the 14B's one-tile rings (down
+// in q4_K and q6_K, o, o with a last tile of 5 rows, whose missing rows the copies zero-fill, q, a
+// q6_K v), an eighth of each one's head (q6_K, several tiles a CTA) and gate+up (two segments,
+// several tiles a CTA). q6_K rows whose bytes are no multiple of 16 (groups not a multiple of 4:
+// the 7B's down, v and head, the 14B's down) keep the rows' copies.
+TEST(GpuKernels, RingTensorCopiesKeepTheBits) {
+  MINFER_REQUIRE_GPU();
+  cuda::MatVecExtra tensor, rows;
+  tensor.sm_count = rows.sm_count = 132;
+  rows.ring_row_copies = true;
+  for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
+    const synth::Preset& preset = synth::find_preset(name);
+    const int d = preset.n_embd, ff = preset.n_ff, q_rows = preset.n_head * preset.head_dim;
+    struct Shape { GgmlType t; int rows, cols; const char* what; };
+    const Shape shapes[] = {{GgmlType::Q4_K, d, ff, "down q4_K"}, {GgmlType::Q6_K, d, ff, "down q6_K"},
+                            {GgmlType::Q4_K, d, q_rows, "o"}, {GgmlType::Q4_K, d + 5, q_rows, "o, a partial tile"},
+                            {GgmlType::Q4_K, q_rows, d, "q"},
+                            {GgmlType::Q6_K, preset.n_head_kv * preset.head_dim, d, "v q6_K"},
+                            {GgmlType::Q6_K, preset.n_vocab / 8, d, "head q6_K (an eighth)"}};
+    for (const Shape& sh : shapes) {
+      const int cols = sh.cols;
+      DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 290), 8, cols), 8, cols);
+      DeviceBuffer<uint8_t> w(with_arena_slack(
+          cuda::device_layout(sh.t, test::random_weight_rows(sh.t, sh.rows, cols, 291 + uint64_t(sh.rows)))));
+      cuda::MatSeg seg;
+      seg.w = {sh.t, sh.rows, cols, w.get()};
+      const std::string what = std::string(name) + " " + sh.what;
+      const bool whole_words = sh.t != GgmlType::Q6_K || cols / 256 % 4 == 0;
+      ASSERT_EQ(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, tensor), whole_words) << what;
+      ASSERT_FALSE(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, rows)) << what;
+      for (int n : {1, 5, 8}) expect_same_decode_matmul_bits({seg}, plane.plane, n, tensor, rows, what);
+    }
+    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * d, 1.0f, 292), 8, d), 8, d);
+    const GateUp gate_up(preset, 293);
+    ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, tensor)) << name;
+    ASSERT_TRUE(cuda::matmul_mma_ring_tensor_copies(gate_up.segs.data(), 2, 1, tensor)) << name;
+    for (int n : {1, 5, 8})
+      expect_same_decode_matmul_bits(gate_up.segs, plane.plane, n, tensor, rows, std::string(name) + " gate+up");
+  }
+}
+
 // The 7B's and the 14B's gate+up launch with the swiglu in its epilogue (the weight ring over
 // several tiles, each tile gate rows above the same up rows; the CTA counting a 256-column group's
 // 32nd tile quantizes it) at 1, 5 and 8 tokens: the bits of the launch, then the swiglu kernel, in

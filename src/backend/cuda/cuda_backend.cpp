@@ -135,6 +135,9 @@ struct CudaBackend::Impl {
   // MINFER_NO_ONE_TOKEN_COLUMN: the weight ring's one-token launches form every column of their
   // products (MatVecExtra::every_token_column), as for up to 8 tokens.
   const bool one_token_column = !env_flag("MINFER_NO_ONE_TOKEN_COLUMN");
+  // MINFER_NO_RING_TENSOR_COPIES: the weight rings copy a round's rows one bulk copy a row
+  // (MatVecExtra::ring_row_copies) instead of a tensor copy a half tile.
+  const bool ring_tensor_copies = !env_flag("MINFER_NO_RING_TENSOR_COPIES");
   DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
@@ -929,6 +932,7 @@ struct CudaBackend::Impl {
     extra.weights_in_registers = !weight_ring;
     extra.activations_from_global = !shared_activations;
     extra.every_token_column = !one_token_column;
+    extra.ring_row_copies = !ring_tensor_copies;
     int64_t weights_in_launch = 0;
     bool q6k = false;
     for (int i = 0; i < l.n_segs; ++i) {

@@ -251,6 +251,9 @@ struct MatVecExtra {
   // fragment (half the scale products and terms, one of the two min products), unless this is
   // set: every column, as for up to 8 tokens. The same bits.
   bool every_token_column = false;
+  // The weight rings copy each round's rows one bulk copy a row instead of a tensor copy a half tile
+  // (matmul_mma.cu's RingCopyMaps; MINFER_NO_RING_TENSOR_COPIES). The same bits.
+  bool ring_row_copies = false;
   // The swiglu in the epilogue of a gate/up launch (segments 0 and 1 gate and up: one type, the same
   // shape, rows a multiple of 256, no bias or residual), where swiglu_counts is set and the launch
   // takes the weight ring over several tiles: a row tile is gate rows 8i..8i+7 above up rows
@@ -306,6 +309,9 @@ int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tok
 // through a ring in shared memory over several row tiles a CTA (gate/up;
 // MatVecExtra::weights_in_registers).
 bool matmul_mma_weight_ring_over_tiles(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) through a weight
+// ring whose rounds come in by tensor copies, a copy a half tile (MatVecExtra::ring_row_copies).
+bool matmul_mma_ring_tensor_copies(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with the
 // activations in shared memory (MatVecExtra::activations_from_global).
 bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);

@@ -46,6 +46,7 @@ namespace minfer::cuda {
 namespace {
 
 using prefill_detail::bulk_copy_to_shared;
+using prefill_detail::tma_load_2d;
 using prefill_detail::fence_proxy_async_shared;
 using prefill_detail::mbarrier_arrive;
 using prefill_detail::mbarrier_expect_tx;
@@ -797,8 +798,9 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
 
 // The weight ring of matmul_mma_weight_ring_kernel at CtasPerSm CTAs an SM: round r of a row tile
 // (groups 8r .. 8r + 7 of its 16 rows) lies in stage r % kStages, a tile row kPitch bytes apart,
-// copied there by the tensor memory accelerator (one bulk copy a tile row, from the 16-byte
-// boundary at or below the round: q6_K rows of 74 groups start 8 bytes past it every other row). A
+// copied there by the tensor memory accelerator: a tensor copy a half tile (RingCopyMaps), else one
+// bulk copy a tile row, from the 16-byte boundary at or below the round (q6_K rows of 74 groups
+// start 8 bytes past it every other row). A
 // stage's last reader refills it with round r + kStages, so up to kStages rounds stream in while
 // the warps multiply, with no weight bytes held in registers ahead of their products.
 // At two CTAs an SM a CTA has 12 warps (more warps than streams, so that the groups' chains
@@ -819,7 +821,10 @@ struct WeightRing {
   static_assert(kRoundBytes % 16 == 0, "rounds start at a row's offset modulo 16");
   // Rows gid 0..7 on distinct banks: q4_K / q5_K read 8-byte words (a half-warp is four rows of
   // 32 bytes: a pitch of 8 banks modulo 32), q6_K 4-byte words (eight rows of 16 bytes: 4).
-  static constexpr int kPitch = (kRoundBytes + 16 + 127) / 128 * 128 + (std::is_same_v<Group, GroupQ6K> ? 16 : 32);
+  // q4_K / q5_K rows start 16-byte aligned (144- and 176-byte blocks), so a round's copy needs no
+  // room for a skew; the pitch past the round is also what a tensor copy reads beyond it.
+  static constexpr int kPitch = std::is_same_v<Group, GroupQ6K> ? (kRoundBytes + 16 + 127) / 128 * 128 + 16
+                                                                : (kRoundBytes + 127) / 128 * 128 + 32;
   static constexpr int kStageBytes = kTileRows * kPitch;
   static constexpr int kTermBytes = 32 * 4 * 4;
   static constexpr int rounds(int groups) { return (groups + kWarps - 1) / kWarps; }
@@ -834,6 +839,22 @@ struct WeightRing {
   static constexpr int over_tiles_bytes(int groups, int tiles) {
     return bytes(groups, tiles) + 4 + tiles * (kTileRows * 8 + 8);
   }
+};
+
+// A weight ring's rounds by tensor copies (RingCopyMaps::on): each half tile (8 rows: the plain
+// rows 16t.., a swiglu tile's gate or up rows, a neox-rope tile's two runs) comes in one copy of a
+// 2-D tensor map over its segment's matrix, a box of 8 rows x kPitch bytes, landing at the stage's
+// pitch, where the rows' own bulk copies took 16 copies a round. Those are uniform-operand
+// instructions, so the refilling warp issued them one lane at a time, about ten instructions each,
+// on the chain every warp reading the refilled stage waits for (docs/13 §3). The box reads the
+// pitch's bytes past the round too (the next round's first bytes, which it fetches again, or zeros
+// past the row; rows past the matrix come as zeros, and their products are dropped). Where a
+// segment's half tiles are not runs of 8 rows (rope on interleaved pairs) or its rows no multiple
+// of 16 bytes (q6_K rows of groups not a multiple of 4: the 7B's head, v and down, the 14B's
+// down), the launch keeps the rows' copies. The same bytes land at the same places either way.
+struct RingCopyMaps {
+  CUtensorMap seg[kMaxMatSegs];
+  int on;
 };
 
 // One row tile a CTA at one token fragment, its weights streamed through WeightRing and its groups
@@ -864,7 +885,7 @@ struct WeightRing {
 // slack, kWeightSlackBytes).
 template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false, bool kOneToken = false>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
-    matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a) {
+    matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a, const __grid_constant__ RingCopyMaps maps) {
   static_assert(!kSwiglu || kSeveralTiles, "the swiglu epilogue is the ring over tiles'");
   MINFER_TIMELINE_PROBE();
   using Ring = WeightRing<Group, CtasPerSm>;
@@ -897,6 +918,25 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
       for (; r >= n_rounds; r -= n_rounds) ++k;
     const int st = q % Ring::kStages;
     const uint32_t bar = shared_address(&full[q]);
+    if (maps.on) {  // uniform over the grid
+      if (lane < kTileRows) {
+        if (lane % 8 == 0) {  // a half tile's copy; the other lanes only count their arrival
+          int si = first.si, row = first_copy_row;
+          if constexpr (kSeveralTiles) {
+            const int2 item = tile_items[k];
+            si = kSwiglu ? lane / 8 : item.x;
+            row = kSwiglu ? item.y * 8 : tile_load_row(a.seg[si], a.extra, item.y, lane);
+          }
+          mbarrier_expect_tx(bar, uint32_t(8 * Ring::kPitch));
+          mbarrier_arrive(bar);
+          tma_load_2d(stages + st * Ring::kStageBytes + lane * Ring::kPitch, &maps.seg[si], r * (Ring::kRoundBytes / 8),
+                      row, bar);
+        } else {
+          mbarrier_arrive(bar);
+        }
+      }
+      return;
+    }
     if (lane < kTileRows) {
       const uint8_t* src = kSeveralTiles ? tile_rows[k * kTileRows + lane] + r * Ring::kRoundBytes
                                          : Group::group_base(first_seg.w, first_copy_row, kWarps * r);
@@ -1013,9 +1053,10 @@ int shared_memory_per_cta(int dynamic_smem) {
 
 // Launches a decode matmul kernel whose CTAs hold NTF token fragments, ctas_per_sm of them an SM
 // (its launch bounds), each with dynamic_smem bytes of dynamic shared memory.
-template <int NTF>
-void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const KernelStream& s,
-                int ctas_per_sm = kCtasPerSm<NTF>, int dynamic_smem = 0, int threads = kThreads) {
+template <int NTF, typename... Params, typename... Extra>
+void launch_mma(void (*kernel)(MmaArgs, Params...), const MmaArgs& a, int grid, const KernelStream& s,
+                int ctas_per_sm = kCtasPerSm<NTF>, int dynamic_smem = 0, int threads = kThreads,
+                const Extra&... extra) {
   // The smallest shared-memory carveout that holds the resident CTAs' reduction buffers leaves the
   // rest of the SM's 256 KB to L1, which keeps the activation tiles (measured +1 % at 32 and 64
   // sequences; the driver's default carves 100 KB). Per call: the attribute is per device.
@@ -1028,7 +1069,7 @@ void launch_mma(void (*kernel)(MmaArgs), const MmaArgs& a, int grid, const Kerne
   // activations of rows over 5,632 columns: 4 KB of reduction buffer beside them).
   if (kReduceFloats<NTF> * 4 + dynamic_smem > 48 * 1024)
     prefill_detail::reserve_dynamic_shared_memory(kernel, dynamic_smem, "matmul_mma");
-  launch_kernel("matmul_mma", kernel, grid, threads, size_t(dynamic_smem), s, a);
+  launch_kernel("matmul_mma", kernel, grid, threads, size_t(dynamic_smem), s, a, extra...);
 }
 
 // The CTAs of a launch of one token fragment (k-quant types): at most as many as the SMs hold at
@@ -1138,12 +1179,52 @@ bool two_groups_in_registers(const MmaArgs& a, int row_tiles) {
 
 // The ring's launches of one token take its one-token form unless MatVecExtra::every_token_column.
 bool one_token_form(const MmaArgs& a) { return a.n_tokens == 1 && !a.extra.every_token_column; }
+
+// Whether a ring launch copies its rounds by tensor maps (RingCopyMaps): unless
+// MatVecExtra::ring_row_copies, where every segment's half tiles are runs of 8 rows (plain rows,
+// rows past the end zero-filled and dropped; rope on neox pairs over whole tiles of heads whose
+// half is a multiple of 8) and its rows a multiple of 16 bytes from a 16-byte aligned start.
+bool ring_tensor_copies(const MmaArgs& a) {
+  if (a.extra.ring_row_copies) return false;
+  for (int i = 0; i < a.n_segs; ++i) {
+    const MatSeg& seg = a.seg[i];
+    if (seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK)
+      if (!a.extra.rope.neox || a.extra.rope.head_dim % 16 != 0 || seg.w.rows % kTileRows != 0) return false;
+    if (device_row_bytes(seg.w.type, seg.w.cols) % 16 != 0 || reinterpret_cast<uintptr_t>(seg.w.data) % 16 != 0)
+      return false;
+  }
+  return true;
+}
+template <typename Group, int CtasPerSm>
+RingCopyMaps ring_copy_maps(const MmaArgs& a) {
+  using Ring = WeightRing<Group, CtasPerSm>;
+  static_assert(Ring::kPitch % 16 == 0 && Ring::kPitch / 8 <= 256 && 8 * Ring::kPitch % 128 == 0,
+                "a half tile's box: whole 8-byte elements, at most 256 of them, landing 128-byte aligned");
+  RingCopyMaps maps{};
+  maps.on = ring_tensor_copies(a);
+  if (!maps.on) return maps;
+  const auto encode = prefill_detail::tensor_map_encoder("decode matmul (weight ring)", "MINFER_NO_RING_TENSOR_COPIES");
+  for (int i = 0; i < a.n_segs; ++i) {
+    const DevMat& m = a.seg[i].w;
+    const int64_t row_bytes = device_row_bytes(m.type, m.cols);
+    const cuuint64_t dims[2] = {cuuint64_t(row_bytes / 8), cuuint64_t(m.rows)}, stride[1] = {cuuint64_t(row_bytes)};
+    const cuuint32_t box[2] = {uint32_t(Ring::kPitch / 8), 8}, element_strides[2] = {1, 1};
+    const CUresult r = encode(&maps.seg[i], CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t*>(m.data), dims, stride,
+                              box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+      fail("decode matmul (weight ring): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ",
+           m.cols, "; set MINFER_NO_RING_TENSOR_COPIES=1");
+  }
+  return maps;
+}
 template <typename Group, int CtasPerSm>
 void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) {
   using Ring = WeightRing<Group, CtasPerSm>;
   launch_mma<1>(one_token_form(a) ? matmul_mma_weight_ring_kernel<Group, CtasPerSm, false, false, true>
                                   : matmul_mma_weight_ring_kernel<Group, CtasPerSm, false>,
-                a, row_tiles, s, CtasPerSm, Ring::bytes(most_groups(a)), Ring::kThreadsACta);
+                a, row_tiles, s, CtasPerSm, Ring::bytes(most_groups(a)), Ring::kThreadsACta,
+                ring_copy_maps<Group, CtasPerSm>(a));
 }
 template <typename Group, bool kSwiglu = false>
 void launch_weight_ring_over_tiles(const MmaArgs& a, int row_tiles, const KernelStream& s) {
@@ -1151,7 +1232,7 @@ void launch_weight_ring_over_tiles(const MmaArgs& a, int row_tiles, const Kernel
   launch_mma<1>(one_token_form(a) ? matmul_mma_weight_ring_kernel<Group, kCtas, true, kSwiglu, true>
                                   : matmul_mma_weight_ring_kernel<Group, kCtas, true, kSwiglu>,
                 a, kCtas * a.extra.sm_count, s, kCtas, ring_over_tiles_bytes<Group>(a, row_tiles),
-                WeightRing<Group, kCtas>::kThreadsACta);
+                WeightRing<Group, kCtas>::kThreadsACta, ring_copy_maps<Group, kCtas>(a));
 }
 
 // The kernel a one-fragment launch of one k-quant type takes, tried in this order (launch_group,
@@ -1305,6 +1386,12 @@ bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens,
 
 bool matmul_mma_weight_ring_over_tiles(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
   return one_fragment_choice_of(segs, n_segs, n_tokens, extra).kernel == OneFragmentKernel::WeightRingOverTiles;
+}
+
+bool matmul_mma_ring_tensor_copies(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  const OneFragmentKernel k = one_fragment_choice_of(segs, n_segs, n_tokens, extra).kernel;
+  if (k != OneFragmentKernel::WeightRing && k != OneFragmentKernel::WeightRingOverTiles) return false;
+  return ring_tensor_copies(mma_args(segs, n_segs, Q8Plane{}, n_tokens, extra));
 }
 
 bool matmul_mma_supports(GgmlType t) {
