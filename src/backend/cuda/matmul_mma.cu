@@ -846,9 +846,10 @@ struct WeightRing {
 // 2-D tensor map over its segment's matrix, a box of 8 rows x kPitch bytes, landing at the stage's
 // pitch, where the rows' own bulk copies took 16 copies a round. Those are uniform-operand
 // instructions, so the refilling warp issued them one lane at a time, about ten instructions each,
-// on the chain every warp reading the refilled stage waits for (docs/13 §3). The box reads the
+// on the chain every warp reading the refilled stage waits for (docs/13 §2). The box reads the
 // pitch's bytes past the round too (the next round's first bytes, which it fetches again, or zeros
-// past the row; rows past the matrix come as zeros, and their products are dropped). Where a
+// past the row); a tile's rows past the matrix come as zeros, or as rows 0..7 where a whole half is
+// past it (tile_load_row's row 0), and their products are dropped. Where a
 // segment's half tiles are not runs of 8 rows (rope on interleaved pairs) or its rows no multiple
 // of 16 bytes (q6_K rows of groups not a multiple of 4: the 7B's head, v and down, the 14B's
 // down), the launch keeps the rows' copies. The same bytes land at the same places either way.
