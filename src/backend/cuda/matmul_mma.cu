@@ -1204,18 +1204,12 @@ RingCopyMaps ring_copy_maps(const MmaArgs& a) {
   RingCopyMaps maps{};
   maps.on = ring_tensor_copies(a);
   if (!maps.on) return maps;
-  const auto encode = prefill_detail::tensor_map_encoder("decode matmul (weight ring)", "MINFER_NO_RING_TENSOR_COPIES");
-  for (int i = 0; i < a.n_segs; ++i) {
+  for (int i = 0; i < a.n_segs; ++i) {  // rows of 8-byte words, boxes of a half tile
     const DevMat& m = a.seg[i].w;
-    const int64_t row_bytes = device_row_bytes(m.type, m.cols);
-    const cuuint64_t dims[2] = {cuuint64_t(row_bytes / 8), cuuint64_t(m.rows)}, stride[1] = {cuuint64_t(row_bytes)};
-    const cuuint32_t box[2] = {uint32_t(Ring::kPitch / 8), 8}, element_strides[2] = {1, 1};
-    const CUresult r = encode(&maps.seg[i], CU_TENSOR_MAP_DATA_TYPE_UINT64, 2, const_cast<uint8_t*>(m.data), dims, stride,
-                              box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (r != CUDA_SUCCESS)
-      fail("decode matmul (weight ring): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ",
-           m.cols, "; set MINFER_NO_RING_TENSOR_COPIES=1");
+    const uint64_t row_bytes = uint64_t(device_row_bytes(m.type, m.cols));
+    maps.seg[i] = prefill_detail::tensor_map_2d("decode matmul (weight ring)", "MINFER_NO_RING_TENSOR_COPIES",
+                                                CU_TENSOR_MAP_DATA_TYPE_UINT64, m.data, row_bytes / 8, uint64_t(m.rows),
+                                                row_bytes, uint32_t(Ring::kPitch / 8), 8);
   }
   return maps;
 }

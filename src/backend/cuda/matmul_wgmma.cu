@@ -162,17 +162,8 @@ __device__ __forceinline__ __half2 splat_byte_1024(uint32_t w, uint32_t b) {
 
 // A 2-D byte tensor of outer x inner bytes (rows inner bytes apart), read in boxes.
 CUtensorMap byte_map(const DevMat& m, int64_t inner, int64_t outer, uint32_t box_inner, uint32_t box_outer) {
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(inner), cuuint64_t(outer)};
-  const cuuint64_t stride[1] = {cuuint64_t(inner)};
-  const cuuint32_t box[2] = {box_inner, box_outer}, element_strides[2] = {1, 1};
-  const auto encode = tensor_map_encoder("decode matmul (wgmma)", "MINFER_NO_DECODE_WGMMA");
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(m.data), dims, stride, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    fail("decode matmul (wgmma): cuTensorMapEncodeTiled failed (error ", int(r), ") for ", m.rows, " x ", m.cols);
-  return map;
+  return tensor_map_2d("decode matmul (wgmma)", "MINFER_NO_DECODE_WGMMA", CU_TENSOR_MAP_DATA_TYPE_UINT8, m.data,
+                       uint64_t(inner), uint64_t(outer), uint64_t(inner), box_inner, box_outer);
 }
 
 struct Q4K : Q4KColumns {

@@ -969,16 +969,8 @@ void launch_m_tiled(const GemmParams& p, PrefillGemmPlan plan, cudaStream_t stre
 // The activation plane x (m rows of k bf16, ldx apart) as the 2-D tensor map the warp-specialized
 // producers copy 64 x 256 boxes of (zeros past row m).
 CUtensorMap activation_tensor_map(const GemmParams& p) {
-  const auto encode = tensor_map_encoder("prefill GEMM", "MINFER_NO_GEMM_TMA");
-  CUtensorMap map{};
-  const cuuint64_t dims[2] = {cuuint64_t(p.k), cuuint64_t(p.m)};
-  const cuuint64_t row_stride[1] = {cuuint64_t(p.ldx) * 2};
-  const cuuint32_t box[2] = {kBK, 256}, element_strides[2] = {1, 1};
-  const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<uint16_t*>(p.x), dims, row_stride, box,
-                            element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) fail("prefill GEMM: cuTensorMapEncodeTiled failed (error ", int(r), ") for ", p.m, " x ", p.k);
-  return map;
+  return tensor_map_2d("prefill GEMM", "MINFER_NO_GEMM_TMA", CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, p.x, uint64_t(p.k),
+                       uint64_t(p.m), uint64_t(p.ldx) * 2, kBK, 256, CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
 template <GgmlType T, bool kSplitK>

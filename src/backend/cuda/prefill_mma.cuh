@@ -34,6 +34,25 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder(const char* what, co
   return lookup.encode;
 }
 
+// A 2-D tensor map over `outer` rows of `inner` elements of `type` at data, rows row_bytes apart,
+// read in boxes of box_outer rows x box_inner elements (elements past the tensor zero-filled). A
+// driver that cannot encode it is an error naming `what` and its opt-out.
+inline CUtensorMap tensor_map_2d(const char* what, const char* opt_out, CUtensorMapDataType type, const void* data,
+                                 uint64_t inner, uint64_t outer, uint64_t row_bytes, uint32_t box_inner,
+                                 uint32_t box_outer, CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_NONE) {
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {inner, outer}, stride[1] = {row_bytes};
+  const cuuint32_t box[2] = {box_inner, box_outer}, element_strides[2] = {1, 1};
+  const CUresult r = tensor_map_encoder(what, opt_out)(&map, type, 2, const_cast<void*>(data), dims, stride, box,
+                                                       element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    fail(what, ": cuTensorMapEncodeTiled failed (error ", int(r), ") for ", outer, " x ", inner, " elements; set ",
+         opt_out, "=1");
+  return map;
+}
+
 // The current device's shared memory an SM, and the most a block may opt into (0 where they
 // cannot be read).
 inline int device_shared_memory_per_sm() {
