@@ -782,43 +782,58 @@ TEST(GpuKernels, DecodeMatmulWithSharedActivationsKeepsTheBits) {
   }
 }
 
-// The 7B's and the 14B's one-tile weight-ring launches at one token (down in q4_K and q6_K, o,
-// q, a q6_K v; rings at two and three CTAs an SM) and an eighth of each one's q6_K head (the ring
-// over several tiles a CTA), B holding 8 tokens: forming only token 0's column of each product
-// gives the bits of every column (MatVecExtra::every_token_column), as the ring forms at 2..8.
+// A preset's one-tile weight-ring launches (down in q4_K and q6_K, o, q, a q6_K v; rings at two
+// and three CTAs an SM) and an eighth of its q6_K head (the ring over several tiles a CTA).
+struct RingShape {
+  GgmlType t;
+  int rows, cols;
+  const char* what;
+};
+std::vector<RingShape> ring_shapes(const synth::Preset& preset) {
+  const int d = preset.n_embd, ff = preset.n_ff, q_rows = preset.n_head * preset.head_dim;
+  return {{GgmlType::Q4_K, d, ff, "down q4_K"}, {GgmlType::Q6_K, d, ff, "down q6_K"},
+          {GgmlType::Q4_K, d, q_rows, "o"},     {GgmlType::Q4_K, q_rows, d, "q"},
+          {GgmlType::Q6_K, preset.n_head_kv * preset.head_dim, d, "v q6_K"},
+          {GgmlType::Q6_K, preset.n_vocab / 8, d, "head q6_K (an eighth)"}};
+}
+// check(shape, segment, plane of 8 tokens, what) for each shape, its weights random rows on the
+// device (seed + 1 + rows) and its plane random activations (seed).
+template <typename Check>
+void for_each_ring_shape(const char* name, const std::vector<RingShape>& shapes, uint64_t seed, Check check) {
+  for (const RingShape& sh : shapes) {
+    DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * sh.cols, 1.0f, seed), 8, sh.cols), 8, sh.cols);
+    DeviceBuffer<uint8_t> w(with_arena_slack(cuda::device_layout(
+        sh.t, test::random_weight_rows(sh.t, sh.rows, sh.cols, seed + 1 + uint64_t(sh.rows)))));
+    cuda::MatSeg seg;
+    seg.w = {sh.t, sh.rows, sh.cols, w.get()};
+    check(sh, seg, plane.plane, std::string(name) + " " + sh.what);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+// The 7B's and the 14B's ring shapes at one token, B holding 8 tokens: forming only token 0's
+// column of each product gives the bits of every column (MatVecExtra::every_token_column), as the
+// ring forms at 2..8.
 TEST(GpuKernels, OneTokenColumnKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   cuda::MatVecExtra one_column, every_column;
   one_column.sm_count = every_column.sm_count = 132;
   every_column.every_token_column = true;
   for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
-    const synth::Preset& preset = synth::find_preset(name);
-    const int d = preset.n_embd, ff = preset.n_ff, q_rows = preset.n_head * preset.head_dim;
-    struct Shape { GgmlType t; int rows, cols; const char* what; };
-    const Shape shapes[] = {{GgmlType::Q4_K, d, ff, "down q4_K"}, {GgmlType::Q6_K, d, ff, "down q6_K"},
-                            {GgmlType::Q4_K, d, q_rows, "o"}, {GgmlType::Q4_K, q_rows, d, "q"},
-                            {GgmlType::Q6_K, preset.n_head_kv * preset.head_dim, d, "v q6_K"},
-                            {GgmlType::Q6_K, preset.n_vocab / 8, d, "head q6_K (an eighth)"}};
-    for (const Shape& sh : shapes) {
-      const int cols = sh.cols;
-      DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 270), 8, cols), 8, cols);
-      DeviceBuffer<uint8_t> w(with_arena_slack(
-          cuda::device_layout(sh.t, test::random_weight_rows(sh.t, sh.rows, cols, 271 + uint64_t(sh.rows)))));
-      cuda::MatSeg seg;
-      seg.w = {sh.t, sh.rows, cols, w.get()};
-      const std::string what = std::string(name) + " " + sh.what;
-      ASSERT_TRUE(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, one_column) > 0 ||
-                  cuda::matmul_mma_weight_ring_over_tiles(&seg, 1, 1, one_column))
-          << what;
-      expect_same_decode_matmul_bits({seg}, plane.plane, 1, one_column, every_column, what);
-    }
+    for_each_ring_shape(name, ring_shapes(synth::find_preset(name)), 270,
+                        [&](const RingShape&, const cuda::MatSeg& seg, const cuda::Q8Plane& plane, const std::string& what) {
+                          ASSERT_TRUE(cuda::matmul_mma_weight_ring_ctas_per_sm(&seg, 1, 1, one_column) > 0 ||
+                                      cuda::matmul_mma_weight_ring_over_tiles(&seg, 1, 1, one_column))
+                              << what;
+                          expect_same_decode_matmul_bits({seg}, plane, 1, one_column, every_column, what);
+                        });
+    if (HasFatalFailure()) return;
   }
 }
 
 // The weight rings' rounds by tensor copies, a copy a half tile, give the bits of a bulk copy a row
-// (MatVecExtra::ring_row_copies) at 1, 5 and 8 tokens: the 7B's and the 14B's one-tile rings (down
-// in q4_K and q6_K, o, o with a last tile of 5 rows, whose missing rows the copies zero-fill, q, a
-// q6_K v), an eighth of each one's head (q6_K, several tiles a CTA) and gate+up (two segments,
+// (MatVecExtra::ring_row_copies) at 1, 5 and 8 tokens: the 7B's and the 14B's ring shapes, o with
+// a last tile of 5 rows (whose missing rows the copies zero-fill) and gate+up (two segments,
 // several tiles a CTA). q6_K rows whose bytes are no multiple of 16 (groups not a multiple of 4:
 // the 7B's down, v and head, the 14B's down) keep the rows' copies.
 TEST(GpuKernels, RingTensorCopiesKeepTheBits) {
@@ -828,26 +843,17 @@ TEST(GpuKernels, RingTensorCopiesKeepTheBits) {
   rows.ring_row_copies = true;
   for (const char* name : {"qwen2.5-7b", "qwen2.5-14b"}) {
     const synth::Preset& preset = synth::find_preset(name);
-    const int d = preset.n_embd, ff = preset.n_ff, q_rows = preset.n_head * preset.head_dim;
-    struct Shape { GgmlType t; int rows, cols; const char* what; };
-    const Shape shapes[] = {{GgmlType::Q4_K, d, ff, "down q4_K"}, {GgmlType::Q6_K, d, ff, "down q6_K"},
-                            {GgmlType::Q4_K, d, q_rows, "o"}, {GgmlType::Q4_K, d + 5, q_rows, "o, a partial tile"},
-                            {GgmlType::Q4_K, q_rows, d, "q"},
-                            {GgmlType::Q6_K, preset.n_head_kv * preset.head_dim, d, "v q6_K"},
-                            {GgmlType::Q6_K, preset.n_vocab / 8, d, "head q6_K (an eighth)"}};
-    for (const Shape& sh : shapes) {
-      const int cols = sh.cols;
-      DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 290), 8, cols), 8, cols);
-      DeviceBuffer<uint8_t> w(with_arena_slack(
-          cuda::device_layout(sh.t, test::random_weight_rows(sh.t, sh.rows, cols, 291 + uint64_t(sh.rows)))));
-      cuda::MatSeg seg;
-      seg.w = {sh.t, sh.rows, cols, w.get()};
-      const std::string what = std::string(name) + " " + sh.what;
-      const bool whole_words = sh.t != GgmlType::Q6_K || cols / 256 % 4 == 0;
-      ASSERT_EQ(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, tensor), whole_words) << what;
-      ASSERT_FALSE(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, rows)) << what;
-      for (int n : {1, 5, 8}) expect_same_decode_matmul_bits({seg}, plane.plane, n, tensor, rows, what);
-    }
+    const int d = preset.n_embd;
+    std::vector<RingShape> shapes = ring_shapes(preset);
+    shapes.push_back({GgmlType::Q4_K, d + 5, preset.n_head * preset.head_dim, "o, a partial tile"});
+    for_each_ring_shape(name, shapes, 290,
+                        [&](const RingShape& sh, const cuda::MatSeg& seg, const cuda::Q8Plane& plane, const std::string& what) {
+                          const bool whole_words = sh.t != GgmlType::Q6_K || sh.cols / 256 % 4 == 0;
+                          ASSERT_EQ(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, tensor), whole_words) << what;
+                          ASSERT_FALSE(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, rows)) << what;
+                          for (int n : {1, 5, 8}) expect_same_decode_matmul_bits({seg}, plane, n, tensor, rows, what);
+                        });
+    if (HasFatalFailure()) return;
     DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * d, 1.0f, 292), 8, d), 8, d);
     const GateUp gate_up(preset, 293);
     ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, tensor)) << name;
