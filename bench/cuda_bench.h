@@ -41,7 +41,7 @@ inline const uint8_t* device_weights(GgmlType t, int64_t n, int64_t k, int salt 
   auto& slot = cache[{t, n, k, salt}];
   if (!slot) {
     const std::vector<uint8_t> host = cuda::device_layout(
-        t, test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k) + 1000003 * uint64_t(salt)));
+        t, k, test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k) + 1000003 * uint64_t(salt)));
     // The slack the engine's weight arena leaves past the last row (the weight ring's copies read
     // into it).
     slot = std::make_unique<DeviceMemory>(host.size() + cuda::kWeightSlackBytes);

@@ -272,7 +272,7 @@ Mv run_matvec(GgmlType t, int rows, int cols, int n_tokens, uint64_t salt) {
   const auto x = random_normal(static_cast<size_t>(n_tokens) * cols, 1.0f, salt + 1);
   const auto wq = quantize_matrix(t, wf, rows, cols);
   auto xq = quantize_pad40_cpu(x, n_tokens, cols);
-  DeviceBuffer<uint8_t> dw(cuda::device_layout(t, wq));
+  DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, wq));
   DevicePlane dxq(xq, n_tokens, cols);
   DeviceBuffer<float> dx(x), dout(static_cast<size_t>(n_tokens) * rows);
   cuda::MatSeg seg;
@@ -335,7 +335,7 @@ TEST(GpuKernels, MatVecMultiTokenIsBitwiseThePerTokenResult) {
     const auto wf = random_normal(static_cast<size_t>(rows) * cols, 0.5f, 40);
     const auto x = random_normal(static_cast<size_t>(n) * cols, 1.0f, 41);
     const auto wq = quantize_matrix(t, wf, rows, cols);
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, wq));
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, wq));
     DevicePlane dxq(quantize_pad40_cpu(x, n, cols), n, cols);
     DeviceBuffer<float> dx(x), all(static_cast<size_t>(n) * rows), one(static_cast<size_t>(n) * rows);
     cuda::MatSeg seg;
@@ -378,7 +378,7 @@ TEST(GpuKernels, MatVecIntegerDotIsExact) {
     std::vector<float> x(static_cast<size_t>(cols));
     for (int i = 0; i < cols; ++i) x[size_t(i)] = float(int(rng() % 5) - 2);
     for (int b = 0; b < cols / 32; ++b) x[size_t(32 * b + int(rng() % 32))] = (rng() & 1) ? 127.0f : -127.0f;
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, w));
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, w));
     DevicePlane dxq(quantize_pad40_cpu(x, 1, cols), 1, cols);
     DeviceBuffer<float> dout(static_cast<size_t>(rows));
     cuda::MatSeg seg;
@@ -398,28 +398,38 @@ TEST(GpuKernels, MatVecIntegerDotIsExact) {
 }
 
 // The device layout (host code: no GPU needed): q6_K blocks kQ6KDeviceBlockBytes apart, each its
-// 210 GGUF bytes and zeros after; other types' bytes as they are; and the upload's chunks (runs of
-// whole blocks copied one by one) give the same bytes as the whole matrix at once.
-TEST(GpuKernels, DeviceLayoutPadsOnlyQ6KBlocks) {
-  for (GgmlType t : {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q8_0}) {
-    const int rows = 3, cols = 512;
-    const auto w = quantize_matrix(t, random_normal(static_cast<size_t>(rows) * cols, 1.0f, 90), rows, cols);
-    const std::vector<uint8_t> dev = cuda::device_layout(t, w);
-    const size_t block = type_traits(t).type_size, n_blocks = w.size() / block;
-    const size_t stride = t == GgmlType::Q6_K ? size_t(cuda::kQ6KDeviceBlockBytes) : block;
-    ASSERT_EQ(dev.size(), n_blocks * stride);
-    ASSERT_EQ(dev.size(), size_t(rows) * size_t(cuda::device_row_bytes(t, cols)));
-    for (size_t b = 0; b < n_blocks; ++b) {
-      ASSERT_EQ(std::memcmp(dev.data() + b * stride, w.data() + b * block, block), 0) << "block " << b;
-      for (size_t i = block; i < stride; ++i) ASSERT_EQ(dev[b * stride + i], 0) << "block " << b;
+// 210 GGUF bytes and zeros after, its rows zero-padded to a multiple of 16 bytes (rows of 2, 3 and
+// 4 groups: 8, 4 and no bytes of padding); other types' bytes as they are; and the upload's chunks
+// (runs of whole rows) give the same bytes as the whole matrix at once.
+TEST(GpuKernels, DeviceLayoutPadsOnlyQ6K) {
+  for (GgmlType t : {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q8_0})
+    for (const int cols : {512, 768, 1024}) {
+      const int rows = 7;
+      const auto w = quantize_matrix(t, random_normal(static_cast<size_t>(rows) * cols, 1.0f, 90), rows, cols);
+      const std::vector<uint8_t> dev = cuda::device_layout(t, cols, w);
+      const size_t block = type_traits(t).type_size, row = row_bytes(t, cols);
+      const size_t stride = t == GgmlType::Q6_K ? size_t(cuda::kQ6KDeviceBlockBytes) : block;
+      const size_t dev_row = size_t(cuda::device_row_bytes(t, cols));
+      const std::string what = std::string(type_traits(t).name) + " cols " + std::to_string(cols);
+      ASSERT_EQ(dev_row, t == GgmlType::Q6_K ? (cols / 256 * 212 + 15) / 16 * 16 : row) << what;
+      ASSERT_EQ(dev.size(), size_t(rows) * dev_row) << what;
+      for (int r = 0; r < rows; ++r) {
+        const uint8_t* d = dev.data() + size_t(r) * dev_row;
+        const size_t blocks = row / block;
+        for (size_t b = 0; b < blocks; ++b) {
+          ASSERT_EQ(std::memcmp(d + b * stride, w.data() + size_t(r) * row + b * block, block), 0) << what << " row " << r;
+          for (size_t i = block; i < stride; ++i) ASSERT_EQ(d[b * stride + i], 0) << what << " row " << r;
+        }
+        for (size_t i = blocks * stride; i < dev_row; ++i) ASSERT_EQ(d[i], 0) << what << " row " << r << " byte " << i;
+      }
+      std::vector<uint8_t> chunked(dev.size(), 0xAA);
+      for (int r = 0; r < rows; r += 3)
+        cuda::copy_rows_to_device_layout(t, cols, w.data() + size_t(r) * row, std::min(3, rows - r),
+                                         chunked.data() + size_t(r) * dev_row);
+      EXPECT_EQ(chunked, dev) << what;
     }
-    std::vector<uint8_t> chunked(dev.size(), 0xAA);
-    for (size_t b = 0; b < n_blocks; b += 5)
-      cuda::copy_to_device_layout(t, w.data() + b * block, int64_t(std::min<size_t>(5, n_blocks - b)),
-                                  chunked.data() + b * stride);
-    EXPECT_EQ(chunked, dev) << type_traits(t).name;
-  }
-  EXPECT_THROW(cuda::device_layout(GgmlType::Q6_K, std::vector<uint8_t>(211)), Error);
+  EXPECT_THROW(cuda::device_layout(GgmlType::Q6_K, 256, std::vector<uint8_t>(211)), Error);
+  EXPECT_THROW(cuda::device_layout(GgmlType::Q6_K, 512, std::vector<uint8_t>(210 * 3)), Error);
 }
 
 TEST(GpuKernels, DequantizeRowsMatchesCpu) {
@@ -428,7 +438,7 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
     const int rows = 6, cols = 512;
     const auto wf = random_normal(static_cast<size_t>(rows) * cols, 1.0f, 60);
     const auto wq = quantize_matrix(t, wf, rows, cols);
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, wq));
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, wq));
     DeviceBuffer<float> out(static_cast<size_t>(3) * cols);
     cuda::launch_dequantize_rows({t, rows, cols, dw.get()}, 2, 3, out.get(), nullptr);
     const auto g = out.download();
@@ -471,7 +481,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       for (int s = 0; s < 3; ++s) {
         const auto wf = random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s));
         w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-            cuda::device_layout(types[s], quantize_matrix(types[s], wf, widths[s], dim))));
+            cuda::device_layout(types[s], dim, quantize_matrix(types[s], wf, widths[s], dim))));
         bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
       }
       const auto x = random_normal(static_cast<size_t>(n) * dim, 1.0f, 90);
@@ -606,7 +616,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), pad40_row(xq, t, sh.cols), sh.cols);
         want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
       }
-    DeviceBuffer<uint8_t> dw(with_arena_slack(cuda::device_layout(sh.t, wq)));
+    DeviceBuffer<uint8_t> dw(with_arena_slack(cuda::device_layout(sh.t, sh.cols, wq)));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
     // The q4_K and q6_K (rows in fours) launches of 33..64 tokens also through the warpgroup-MMA
@@ -716,7 +726,7 @@ struct GateUp {
   GateUp(const synth::Preset& preset, uint64_t seed) {
     for (int s = 0; s < 2; ++s) {
       w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(with_arena_slack(cuda::device_layout(
-          GgmlType::Q4_K, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s))))));
+          GgmlType::Q4_K, preset.n_embd, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s))))));
       cuda::MatSeg seg;
       seg.w = {GgmlType::Q4_K, preset.n_ff, preset.n_embd, w.back()->get()};
       segs.push_back(seg);
@@ -740,7 +750,7 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
   const GateUp gate_up(preset, 180);
   DeviceBuffer<uint8_t> head(with_arena_slack(
-      cuda::device_layout(GgmlType::Q6_K, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182))));
+      cuda::device_layout(GgmlType::Q6_K, cols, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182))));
   cuda::MatSeg head_seg;
   head_seg.w = {GgmlType::Q6_K, preset.n_vocab, cols, head.get()};
   ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, several));
@@ -803,7 +813,7 @@ void for_each_ring_shape(const char* name, const std::vector<RingShape>& shapes,
   for (const RingShape& sh : shapes) {
     DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * sh.cols, 1.0f, seed), 8, sh.cols), 8, sh.cols);
     DeviceBuffer<uint8_t> w(with_arena_slack(cuda::device_layout(
-        sh.t, test::random_weight_rows(sh.t, sh.rows, sh.cols, seed + 1 + uint64_t(sh.rows)))));
+        sh.t, sh.cols, test::random_weight_rows(sh.t, sh.rows, sh.cols, seed + 1 + uint64_t(sh.rows)))));
     cuda::MatSeg seg;
     seg.w = {sh.t, sh.rows, sh.cols, w.get()};
     check(sh, seg, plane.plane, std::string(name) + " " + sh.what);
@@ -832,10 +842,10 @@ TEST(GpuKernels, OneTokenColumnKeepsTheBits) {
 }
 
 // The weight rings' rounds by tensor copies, a copy a half tile, give the bits of a bulk copy a row
-// (MatVecExtra::ring_row_copies) at 1, 5 and 8 tokens: the 7B's and the 14B's ring shapes, o with
-// a last tile of 5 rows (whose missing rows the copies zero-fill) and gate+up (two segments,
-// several tiles a CTA). q6_K rows whose bytes are no multiple of 16 (groups not a multiple of 4:
-// the 7B's down, v and head, the 14B's down) keep the rows' copies.
+// (MatVecExtra::ring_row_copies) at 1, 5 and 8 tokens: the 7B's and the 14B's ring shapes, o and a
+// q6_K down with a last tile of 5 rows (whose missing rows the copies zero-fill) and gate+up (two segments,
+// several tiles a CTA), q6_K among them in rows of groups 2 modulo 4 (the 7B's down, v and head,
+// the 14B's down: rows the device layout pads by 8 bytes so that a box may start at each).
 TEST(GpuKernels, RingTensorCopiesKeepTheBits) {
   MINFER_REQUIRE_GPU();
   cuda::MatVecExtra tensor, rows;
@@ -846,10 +856,10 @@ TEST(GpuKernels, RingTensorCopiesKeepTheBits) {
     const int d = preset.n_embd;
     std::vector<RingShape> shapes = ring_shapes(preset);
     shapes.push_back({GgmlType::Q4_K, d + 5, preset.n_head * preset.head_dim, "o, a partial tile"});
+    shapes.push_back({GgmlType::Q6_K, d + 5, preset.n_ff, "down q6_K, a partial tile"});
     for_each_ring_shape(name, shapes, 290,
                         [&](const RingShape& sh, const cuda::MatSeg& seg, const cuda::Q8Plane& plane, const std::string& what) {
-                          const bool whole_words = sh.t != GgmlType::Q6_K || sh.cols / 256 % 4 == 0;
-                          ASSERT_EQ(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, tensor), whole_words) << what;
+                          ASSERT_TRUE(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, tensor)) << what;
                           ASSERT_FALSE(cuda::matmul_mma_ring_tensor_copies(&seg, 1, 1, rows)) << what;
                           for (int n : {1, 5, 8}) expect_same_decode_matmul_bits({seg}, plane, n, tensor, rows, what);
                         });
@@ -961,7 +971,7 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
         residual(random_normal(size_t(max_tokens) * c.rows, 1.0f, 241));
     for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
       DeviceBuffer<uint8_t> w(
-          with_arena_slack(cuda::device_layout(type, test::random_weight_rows(type, c.rows, c.cols, 243))));
+          with_arena_slack(cuda::device_layout(type, c.cols, test::random_weight_rows(type, c.rows, c.cols, 243))));
       cuda::MatSeg seg;
       seg.w = {type, c.rows, c.cols, w.get()};
       seg.bias = bias.get();
@@ -997,7 +1007,7 @@ TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
   for (int i = 0; i < 3; ++i) {
     const auto [type, rows] = parts[i];
     w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-        cuda::device_layout(type, test::random_weight_rows(type, rows, cols, 200 + uint64_t(i)))));
+        cuda::device_layout(type, cols, test::random_weight_rows(type, rows, cols, 200 + uint64_t(i)))));
     bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(size_t(rows), 0.2f, 210 + uint64_t(i))));
     residual.push_back(
         std::make_unique<DeviceBuffer<float>>(random_normal(size_t(max_tokens) * rows, 1.0f, 220 + uint64_t(i))));
@@ -1069,7 +1079,7 @@ TEST(GpuKernels, WgmmaDecodeMatmulIsExactAtItsIntegerBound) {
     std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
     cuda::MatSeg segs[2];
     for (int m = 0; m < 2; ++m) {
-      dw.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(type, wq[size_t(m)])));
+      dw.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(type, cols, wq[size_t(m)])));
       out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(n) * rows));
       segs[m].w = {type, rows, cols, dw.back()->get()};
       segs[m].out = out.back()->get();

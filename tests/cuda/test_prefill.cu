@@ -105,7 +105,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   const std::vector<float> bias = test::random_normal(size_t(c.n), 1.0f, salt + 2);
   const std::vector<float> residual = test::random_normal(size_t(c.m * ldy), 1.0f, salt + 3);
 
-  DeviceBuffer<uint8_t> dw(cuda::device_layout(c.type, w));
+  DeviceBuffer<uint8_t> dw(cuda::device_layout(c.type, c.k, w));
   DeviceBuffer<float> dx_f32(x);
   DeviceBuffer<uint16_t> dx(x.size());
   DeviceBuffer<float> dbias(bias);
@@ -212,7 +212,7 @@ TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
     std::vector<uint16_t> x_bf16(x.size());
     for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
     const std::vector<float> bias = test::random_normal(size_t(n), 1.0f, 9302);
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(type, w));
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(type, k, w));
     DeviceBuffer<uint16_t> dx(x_bf16);
     DeviceBuffer<float> dbias(bias), dy(size_t(m * n)), workspace(cuda::kPrefillGemmWorkspaceBytes / 4);
     PrefillGemm g;
@@ -274,7 +274,7 @@ TEST_P(PrefillGemmTypes, SwigluEpilogueGivesTheSeparateGemmsBits) {
   const int64_t n = 264, k = 768;
   const std::vector<uint8_t> w_gate = test::random_weight_rows(type, n, k, test::seed() + 9400 + uint64_t(type));
   const std::vector<uint8_t> w_up = test::random_weight_rows(type, n, k, test::seed() + 9500 + uint64_t(type));
-  DeviceBuffer<uint8_t> dgate(cuda::device_layout(type, w_gate)), dup(cuda::device_layout(type, w_up));
+  DeviceBuffer<uint8_t> dgate(cuda::device_layout(type, k, w_gate)), dup(cuda::device_layout(type, k, w_up));
   for (const int64_t m : {9, 70, 300}) {
     const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9401 + uint64_t(m));
     std::vector<uint16_t> x_bf16(x.size());
@@ -323,7 +323,7 @@ TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
   std::deque<DeviceBuffer<uint8_t>> w;
   std::deque<DeviceBuffer<float>> bias;
   for (int i = 0; i < 3; ++i) {
-    w.emplace_back(cuda::device_layout(type, test::random_weight_rows(type, rows[i], k, test::seed() + 9600 + 10 * uint64_t(type) + uint64_t(i))));
+    w.emplace_back(cuda::device_layout(type, k, test::random_weight_rows(type, rows[i], k, test::seed() + 9600 + 10 * uint64_t(type) + uint64_t(i))));
     bias.emplace_back(test::random_normal(size_t(rows[i]), 0.5f, 9610 + uint64_t(i)));
   }
   for (const int64_t m : {9, 300}) {
@@ -387,8 +387,8 @@ TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "256-token tiles need warpgroup MMA";
   const GgmlType type = GetParam();
   const int64_t m = 300, n = 264, k = 1280;
-  DeviceBuffer<uint8_t> w(cuda::device_layout(type, test::random_weight_rows(type, n, k, test::seed() + 9800 + uint64_t(type))));
-  DeviceBuffer<uint8_t> w_up(cuda::device_layout(type, test::random_weight_rows(type, n, k, test::seed() + 9801 + uint64_t(type))));
+  DeviceBuffer<uint8_t> w(cuda::device_layout(type, k, test::random_weight_rows(type, n, k, test::seed() + 9800 + uint64_t(type))));
+  DeviceBuffer<uint8_t> w_up(cuda::device_layout(type, k, test::random_weight_rows(type, n, k, test::seed() + 9801 + uint64_t(type))));
   DeviceBuffer<float> bias(test::random_normal(size_t(n), 0.5f, 9802)), residual(test::random_normal(size_t(m * n), 1.0f, 9803));
   const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9804);
   std::vector<uint16_t> x_bf16(x.size());

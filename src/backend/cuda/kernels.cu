@@ -343,7 +343,8 @@ __device__ void dequant_group(const DevMat& m, int row, int g, float* out) {
       return;
     }
     case GgmlType::Q6_K: {
-      const uint8_t* b = m.data + (size_t(row) * (cols / 256) + g / 8) * kQ6KDeviceBlockBytes;
+      const uint8_t* b =
+          m.data + size_t(row) * size_t(q6k_device_row_bytes(cols / 256)) + size_t(g / 8) * kQ6KDeviceBlockBytes;
       const int j = g % 8, h = j / 4, k = j % 4;
       const uint8_t* ql = b + 64 * h + 32 * (k & 1);
       const uint8_t* qh = b + 128 + 32 * h;

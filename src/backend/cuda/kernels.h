@@ -29,23 +29,30 @@ struct KernelStream {
 // included, reads the same bytes): the GGUF blocks as they are, except q6_K's, padded from 210 to
 // kQ6KDeviceBlockBytes so that every block starts 4-byte aligned and its kernels load whole words
 // (words assembled from two loads each, and their addresses, made the q6_K matmul the slowest per
-// weight; docs/10 §5). q4_K/q5_K blocks are 16-byte multiples; the 32-blocks are only 2-byte
-// aligned, so their kernels assemble words from aligned loads.
+// weight; docs/10 §5), and q6_K rows padded with zeros to a multiple of 16 bytes
+// (q6k_device_row_bytes) so that every row starts 16-byte aligned (a tensor copy's box must start
+// 16-byte aligned in global memory: the weight rings copy a round of 8 rows as one box, docs/13).
+// q4_K/q5_K blocks are 16-byte multiples; the 32-blocks are only 2-byte aligned, so their kernels
+// assemble words from aligned loads.
 struct DevMat {
   GgmlType type = GgmlType::F32;
   int rows = 0, cols = 0;
   const uint8_t* data = nullptr;
 };
 constexpr int kQ6KDeviceBlockBytes = 212;  // ql[128] qh[64] scales[16] d, then 2 bytes of zeros
+// Bytes of a q6_K row of `groups` 256-column groups on the device: its blocks, then zeros to a
+// multiple of 16 (8 bytes where groups is 2 modulo 4, as in the 7B's rows of 3,584 and 18,944).
+constexpr int64_t q6k_device_row_bytes(int64_t groups) { return (groups * kQ6KDeviceBlockBytes + 15) / 16 * 16; }
 // Bytes readable past a matrix's last row on the device (the weight arena leaves them after each
 // matrix): kernels read one word past a run, the weight ring's bulk copies up to 15 bytes.
 constexpr int kWeightSlackBytes = 16;
 // Bytes of one row of `cols` values of type t in the device layout.
 int64_t device_row_bytes(GgmlType t, int64_t cols);
-// Copies n_blocks consecutive GGUF blocks of type t (rows' worth or any run of whole blocks) from
-// src into the device layout at dst (device_row_bytes per row's blocks).
-void copy_to_device_layout(GgmlType t, const uint8_t* src, int64_t n_blocks, uint8_t* dst);
-std::vector<uint8_t> device_layout(GgmlType t, const std::vector<uint8_t>& gguf_bytes);
+// Copies n_rows consecutive GGUF rows of `cols` values of type t from src into the device layout
+// at dst (device_row_bytes(t, cols) a row).
+void copy_rows_to_device_layout(GgmlType t, int64_t cols, const uint8_t* src, int64_t n_rows, uint8_t* dst);
+// A matrix's GGUF bytes (whole rows of `cols` values) in the device layout.
+std::vector<uint8_t> device_layout(GgmlType t, int64_t cols, const std::vector<uint8_t>& gguf_bytes);
 bool cuda_supports_weight_type(GgmlType t);
 
 // The decode activation plane: rows of f32 activations quantized to int8 with one f16 scale per

@@ -282,7 +282,7 @@ struct GroupQK45 {
 // q6_K: sub-block j = elements 32j..32j+31 of the super-block (halves lo/hi: l = 0..15, 16..31,
 // one int8 scale each). With hh = j / 4, kq = j % 4, element l's low 4 bits are nibble kq / 2 of
 // ql[64 hh + 32 (kq & 1) + l] and its high 2 bits are bits 2 kq of qh[32 hh + l]. Blocks are
-// kQ6KDeviceBlockBytes apart, so every word below is one aligned load.
+// kQ6KDeviceBlockBytes apart and rows q6k_device_row_bytes, so every word below is one aligned load.
 struct GroupQ6K {
   struct Part {
     int s[4];
@@ -295,7 +295,7 @@ struct GroupQ6K {
   static constexpr bool kSharedActivations = false;  // 64 registers spill 70-98 bytes
   static constexpr bool kRingOverTiles = true;  // at three CTAs an SM (the head), 80 registers
   __device__ static const uint8_t* group_base(const DevMat& m, int row, int g) {
-    return m.data + (size_t(row) * (m.cols / 256) + g) * kQ6KDeviceBlockBytes;
+    return m.data + size_t(row) * size_t(q6k_device_row_bytes(m.cols / 256)) + size_t(g) * kQ6KDeviceBlockBytes;
   }
   uint32_t ql[2][2][2][2];  // [row][j/4][(j%4)&1][half]: bytes 4tid..4tid+3 of the 16-byte run
   uint32_t qh[2][2][2];     // [row][j/4][half]
@@ -849,10 +849,11 @@ struct WeightRing {
 // on the chain every warp reading the refilled stage waits for (docs/13 §2). The box reads the
 // pitch's bytes past the round too (the next round's first bytes, which it fetches again, or zeros
 // past the row); a tile's rows past the matrix come as zeros, or as rows 0..7 where a whole half is
-// past it (tile_load_row's row 0), and their products are dropped. Where a
-// segment's half tiles are not runs of 8 rows (rope on interleaved pairs) or its rows no multiple
-// of 16 bytes (q6_K rows of groups not a multiple of 4: the 7B's head, v and down, the 14B's
-// down), the launch keeps the rows' copies. The same bytes land at the same places either way.
+// past it (tile_load_row's row 0), and their products are dropped. A box must start 16-byte
+// aligned in global memory (an odd 8-byte word is an illegal instruction), which every row of the
+// device layout does (q6_K rows are padded to 16 bytes, DevMat). Where a segment's half tiles are
+// not runs of 8 rows (rope on interleaved pairs), the launch keeps the rows' copies. The same bytes
+// land at the same places either way.
 struct RingCopyMaps {
   CUtensorMap seg[kMaxMatSegs];
   int on;

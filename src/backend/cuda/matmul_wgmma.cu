@@ -26,10 +26,10 @@
 // exponent of 1024 (one PRMT from a word of clean bytes) and fma(x, lo, -1056 lo) = (q - 32) lo.
 // Thread tig takes the 64 columns of half n = tig / 2, l in [16 is, 16 is + 16) (is = tig % 2):
 // one 16-byte chunk of qh, two of ql, four sub-blocks; step s takes sub-block j = s / 4, word s % 4.
-// The 212-byte device blocks make a row G * 212 bytes, not a tensor map's multiple of 16, but four
-// rows are (848 G): the map is [rows / 4][4 G * 212] and a stage is four boxes of 224 bytes x 32
-// quads, row-in-quad r4 in box r4, each from the 16-byte boundary at or below its block (a tensor
-// copy's inner start must be aligned; the block then starts 0, 4, 8 or 12 bytes in, read by words).
+// A row is G 212-byte device blocks padded to 16 bytes (q6k_device_row_bytes). The map is
+// [rows / 4][4 rows' bytes] and a stage is four boxes of 224 bytes x 32 quads, row-in-quad r4 in
+// box r4, each from the 16-byte boundary at or below its block (a tensor copy's inner start must be
+// aligned; the block then starts 0, 4, 8 or 12 bytes in, read by words).
 // So the CTA's row rho is matrix row 4 (rho % 32) + rho / 32, and consecutive fragment rows sit
 // 224 bytes apart.
 //
@@ -190,11 +190,13 @@ struct Q6K : Q6KColumns {
   __device__ static int row_of(int rho) { return 4 * (rho % kQuads) + rho / kQuads; }
   // REQUIRES rows % 4 == 0: [rows / 4][4 rows' bytes], boxes of 224 bytes x 32 quads.
   static CUtensorMap weight_map(const DevMat& m) {
-    return byte_map(m, int64_t(m.cols / 256) * 4 * kBlockBytes, m.rows / 4, kRowBytes, kQuads);
+    return byte_map(m, 4 * q6k_device_row_bytes(m.cols / 256), m.rows / 4, kRowBytes, kQuads);
   }
   // Where block g of row-in-quad r4 starts in its quad's bytes; a box starts at the 16-byte boundary
   // below (the tensor copy's inner coordinate must be 16-byte aligned), the block `lead` bytes in.
-  __device__ static int quad_offset(int r4, int g, int groups) { return (r4 * groups + g) * kBlockBytes; }
+  __device__ static int quad_offset(int r4, int g, int groups) {
+    return r4 * int(q6k_device_row_bytes(groups)) + g * kBlockBytes;
+  }
   __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int groups, int row0, uint32_t bar,
                               uint64_t policy) {
 #pragma unroll

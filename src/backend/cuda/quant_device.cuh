@@ -254,8 +254,8 @@ struct UnitQ6K {
   float d;
   int n, lh;
   __device__ void load(const DevMat& m, int row, int u) {
-    const int nsb = m.cols / 256;
-    const uint8_t* b = m.data + (size_t(row) * nsb + (u >> 2)) * kQ6KDeviceBlockBytes;
+    const uint8_t* b =
+        m.data + size_t(row) * size_t(q6k_device_row_bytes(m.cols / 256)) + size_t(u >> 2) * kQ6KDeviceBlockBytes;
     n = (u >> 1) & 1;
     lh = u & 1;
 #pragma unroll

@@ -29,14 +29,15 @@ std::vector<float> to_f32(const Tensor& t) {
   return v;
 }
 
-// `blocks` GGUF blocks of `type` from the mapping, to `dst` in the device layout.
+// `rows` GGUF rows of `cols` values of `type` from the mapping, to `dst` in the device layout.
 struct Chunk {
   GgmlType type;
+  int64_t cols;
   const uint8_t* src;
   uint8_t* dst;
-  int64_t blocks;
-  size_t src_bytes() const { return size_t(blocks) * type_traits(type).type_size; }
-  size_t dst_bytes() const { return size_t(device_row_bytes(type, blocks * type_traits(type).block_size)); }
+  int64_t rows;
+  size_t src_bytes() const { return size_t(rows) * row_bytes(type, cols); }
+  size_t dst_bytes() const { return size_t(rows * device_row_bytes(type, cols)); }
 };
 
 constexpr size_t kChunk = size_t(16) << 20;  // staging bytes: a chunk's device layout fits
@@ -67,7 +68,7 @@ void upload_chunks(const std::vector<Chunk>& chunks, int64_t payload, int device
         if (i >= chunks.size() || failed) break;
         check(cudaEventSynchronize(free_again[b]), "cudaEventSynchronize");
         const Chunk& c = chunks[i];
-        copy_to_device_layout(c.type, c.src, c.blocks, static_cast<uint8_t*>(staging[b]));
+        copy_rows_to_device_layout(c.type, c.cols, c.src, c.rows, static_cast<uint8_t*>(staging[b]));
         check(cudaMemcpyAsync(c.dst, staging[b], c.dst_bytes(), cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (weights)");
         check(cudaEventRecord(free_again[b], s), "cudaEventRecord");
         done += int64_t(c.src_bytes());
@@ -103,30 +104,32 @@ void upload_chunks(const std::vector<Chunk>& chunks, int64_t payload, int device
 }  // namespace
 
 int64_t device_row_bytes(GgmlType t, int64_t cols) {
-  if (t == GgmlType::Q6_K) return cols / QK_K * kQ6KDeviceBlockBytes;
+  if (t == GgmlType::Q6_K) return q6k_device_row_bytes(cols / QK_K);
   return int64_t(row_bytes(t, cols));
 }
 
-void copy_to_device_layout(GgmlType t, const uint8_t* src, int64_t n_blocks, uint8_t* dst) {
-  const TypeTraits& tt = type_traits(t);
-  const size_t block = tt.type_size, device_block = size_t(device_row_bytes(t, tt.block_size));
-  if (device_block == block) {
-    std::memcpy(dst, src, size_t(n_blocks) * block);
+void copy_rows_to_device_layout(GgmlType t, int64_t cols, const uint8_t* src, int64_t n_rows, uint8_t* dst) {
+  const size_t src_row = row_bytes(t, cols), dst_row = size_t(device_row_bytes(t, cols));
+  if (src_row == dst_row) {
+    std::memcpy(dst, src, size_t(n_rows) * src_row);
     return;
   }
-  for (int64_t b = 0; b < n_blocks; ++b, src += block, dst += device_block) {  // padded blocks
-    std::memcpy(dst, src, block);
-    std::memset(dst + block, 0, device_block - block);
+  const TypeTraits& tt = type_traits(t);  // q6_K: padded blocks, then the row's padding
+  const int64_t blocks = cols / tt.block_size;
+  for (int64_t r = 0; r < n_rows; ++r, src += src_row, dst += dst_row) {
+    std::memset(dst, 0, dst_row);
+    for (int64_t b = 0; b < blocks; ++b) std::memcpy(dst + b * kQ6KDeviceBlockBytes, src + b * tt.type_size, tt.type_size);
   }
 }
 
-std::vector<uint8_t> device_layout(GgmlType t, const std::vector<uint8_t>& gguf_bytes) {
-  const size_t block = type_traits(t).type_size;
-  if (gguf_bytes.size() % block != 0)
-    fail("device_layout: ", gguf_bytes.size(), " bytes are not whole ", type_traits(t).name, " blocks");
-  const int64_t n_blocks = int64_t(gguf_bytes.size() / block);
-  std::vector<uint8_t> out(size_t(device_row_bytes(t, n_blocks * type_traits(t).block_size)));
-  copy_to_device_layout(t, gguf_bytes.data(), n_blocks, out.data());
+std::vector<uint8_t> device_layout(GgmlType t, int64_t cols, const std::vector<uint8_t>& gguf_bytes) {
+  const size_t row = cols > 0 && cols % type_traits(t).block_size == 0 ? row_bytes(t, cols) : 0;
+  if (row == 0 || gguf_bytes.size() % row != 0)
+    fail("device_layout: ", gguf_bytes.size(), " bytes are not whole ", type_traits(t).name, " rows of ", cols,
+         " values");
+  const int64_t n_rows = int64_t(gguf_bytes.size() / row);
+  std::vector<uint8_t> out(size_t(n_rows * device_row_bytes(t, cols)));
+  copy_rows_to_device_layout(t, cols, gguf_bytes.data(), n_rows, out.data());
   return out;
 }
 
@@ -158,13 +161,14 @@ DeviceWeights::DeviceWeights(const Model& model, const Graph& graph, UploadStats
   int64_t payload = 0;
   for (size_t i = 0; i < matrices.size(); ++i) {
     const Tensor* t = matrices[i];
-    const TypeTraits& tt = type_traits(t->type);
-    const int64_t n_blocks = int64_t(t->nbytes / tt.type_size);
-    const int64_t per_chunk = int64_t(kChunk) / device_row_bytes(t->type, tt.block_size);
+    const int64_t cols = t->shape.empty() ? 1 : t->shape[0], n_rows = t->rows();
+    if (device_row_bytes(t->type, cols) > int64_t(kChunk))
+      fail("tensor ", t->name, ": a row of ", cols, " values exceeds the upload's staging buffer");
+    const int64_t per_chunk = int64_t(kChunk) / device_row_bytes(t->type, cols);
     uint8_t* dst = arena_.get() + offsets[i];
-    for (int64_t b = 0; b < n_blocks; b += per_chunk)
-      chunks.push_back({t->type, t->data + b * int64_t(tt.type_size), dst + device_row_bytes(t->type, b * tt.block_size),
-                        std::min(per_chunk, n_blocks - b)});
+    for (int64_t r = 0; r < n_rows; r += per_chunk)
+      chunks.push_back({t->type, cols, t->data + r * int64_t(row_bytes(t->type, cols)),
+                        dst + r * device_row_bytes(t->type, cols), std::min(per_chunk, n_rows - r)});
     payload += int64_t(t->nbytes);
     mats_[t] = DevMat{t->type, int(t->rows()), int(t->shape.empty() ? 1 : t->shape[0]), dst};
   }
