@@ -799,8 +799,7 @@ __global__ void __launch_bounds__(kThreads, 2) matmul_mma_two_groups_kernel(cons
 // The weight ring of matmul_mma_weight_ring_kernel at CtasPerSm CTAs an SM: round r of a row tile
 // (groups 8r .. 8r + 7 of its 16 rows) lies in stage r % kStages, a tile row kPitch bytes apart,
 // copied there by the tensor memory accelerator: a tensor copy a half tile (RingCopyMaps), else one
-// bulk copy a tile row, from the 16-byte boundary at or below the round (q6_K rows of 74 groups
-// start 8 bytes past it every other row). A
+// bulk copy a tile row (every row of the device layout starts 16-byte aligned, DevMat). A
 // stage's last reader refills it with round r + kStages, so up to kStages rounds stream in while
 // the warps multiply, with no weight bytes held in registers ahead of their products.
 // At two CTAs an SM a CTA has 12 warps (more warps than streams, so that the groups' chains
@@ -818,12 +817,11 @@ struct WeightRing {
   static constexpr bool kTermsInShared = kWarpsACta != kWarps;
   static constexpr int kStages = std::is_same_v<Group, GroupQ6K> || CtasPerSm == 4 ? 2 : 3;
   static constexpr int kRoundBytes = kWarps * Group::kGroupBytes;
-  static_assert(kRoundBytes % 16 == 0, "rounds start at a row's offset modulo 16");
+  static_assert(kRoundBytes % 16 == 0, "rounds start 16-byte aligned");
   // Rows gid 0..7 on distinct banks: q4_K / q5_K read 8-byte words (a half-warp is four rows of
-  // 32 bytes: a pitch of 8 banks modulo 32), q6_K 4-byte words (eight rows of 16 bytes: 4).
-  // q4_K / q5_K rows start 16-byte aligned (144- and 176-byte blocks), so a round's copy needs no
-  // room for a skew; the pitch past the round is also what a tensor copy reads beyond it.
-  static constexpr int kPitch = std::is_same_v<Group, GroupQ6K> ? (kRoundBytes + 16 + 127) / 128 * 128 + 16
+  // 32 bytes: a pitch of 8 banks modulo 32), q6_K 4-byte words (eight rows of 16 bytes: an odd
+  // number of 16-byte bank groups). The pitch past the round is what a tensor copy reads beyond it.
+  static constexpr int kPitch = std::is_same_v<Group, GroupQ6K> ? (kRoundBytes / 16 | 1) * 16
                                                                 : (kRoundBytes + 127) / 128 * 128 + 32;
   static constexpr int kStageBytes = kTileRows * kPitch;
   static constexpr int kTermBytes = 32 * 4 * 4;
@@ -883,8 +881,8 @@ struct RingCopyMaps {
 // row tiles and every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
 // launch bounds); dynamic shared memory of Ring::bytes(groups) for one tile a CTA, of
 // Ring::over_tiles_bytes(groups, the most tiles a CTA takes) for several; every
-// row holds whole groups; the weights readable up to 15 bytes past their last row (the arena's
-// slack, kWeightSlackBytes).
+// row holds whole groups and starts 16-byte aligned (the device layout); the weights readable up to
+// 15 bytes past their last row (the arena's slack, kWeightSlackBytes).
 template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false, bool kOneToken = false>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a, const __grid_constant__ RingCopyMaps maps) {
@@ -942,11 +940,10 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
     if (lane < kTileRows) {
       const uint8_t* src = kSeveralTiles ? tile_rows[k * kTileRows + lane] + r * Ring::kRoundBytes
                                          : Group::group_base(first_seg.w, first_copy_row, kWarps * r);
-      const int skew = int(reinterpret_cast<uintptr_t>(src) & 15);
-      const int bytes = (skew + min(kWarps, n_groups - kWarps * r) * Group::kGroupBytes + 15) / 16 * 16;
+      const int bytes = (min(kWarps, n_groups - kWarps * r) * Group::kGroupBytes + 15) / 16 * 16;
       mbarrier_expect_tx(bar, uint32_t(bytes));
       mbarrier_arrive(bar);
-      bulk_copy_to_shared(stages + st * Ring::kStageBytes + lane * Ring::kPitch, src - skew, uint32_t(bytes), bar);
+      bulk_copy_to_shared(stages + st * Ring::kStageBytes + lane * Ring::kPitch, src, uint32_t(bytes), bar);
     }
   };
   if (threadIdx.x == 0) {
@@ -974,20 +971,8 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   const MatSeg& seg = first_seg;
   const DevMat& m = seg.w;
   for (int k = 0; k < my_tiles; ++k) {
-    // The thread's rows in a stage: tile rows gid and gid + 8, each at its row's skew.
-    uint32_t row_at[2];
-    if constexpr (kSeveralTiles) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        row_at[i] = stages + (gid + 8 * i) * Ring::kPitch +
-                    uint32_t(reinterpret_cast<uintptr_t>(tile_rows[k * kTileRows + gid + 8 * i]) & 15);
-    } else {
-      const int R[2] = {tile_load_row(seg, a.extra, first.tile, gid), tile_load_row(seg, a.extra, first.tile, gid + 8)};
-#pragma unroll
-      for (int i = 0; i < 2; ++i)
-        row_at[i] = stages + (gid + 8 * i) * Ring::kPitch +
-                    uint32_t(reinterpret_cast<uintptr_t>(Group::group_base(m, R[i], 0)) & 15);
-    }
+    // The thread's rows in a stage: tile rows gid and gid + 8.
+    const uint32_t row_at[2] = {stages + gid * Ring::kPitch, stages + (gid + 8) * Ring::kPitch};
     // One token: every lane reads token 0's bytes (one sector a load; the other columns repeat
     // token 0 and are never stored).
     const uint8_t* b_tile = first.tok.plane.block_quants(first.tok.first, 0) + 32 * (kOneToken ? 0 : gid);
