@@ -42,9 +42,7 @@ inline const uint8_t* device_weights(GgmlType t, int64_t n, int64_t k, int salt 
   if (!slot) {
     const std::vector<uint8_t> host = cuda::device_layout(
         t, k, test::random_weight_rows(t, n, k, 1234 + uint64_t(n) * 7 + uint64_t(k) + 1000003 * uint64_t(salt)));
-    // The slack the engine's weight arena leaves past the last row (the weight ring's copies read
-    // into it).
-    slot = std::make_unique<DeviceMemory>(host.size() + cuda::kWeightSlackBytes);
+    slot = std::make_unique<DeviceMemory>(host.size());
     check(cudaMemcpy(slot->ptr, host.data(), host.size(), cudaMemcpyHostToDevice), "upload weights");
   }
   return static_cast<const uint8_t*>(slot->ptr);

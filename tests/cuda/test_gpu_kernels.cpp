@@ -586,13 +586,6 @@ TEST(GpuKernels, RopeKvEqualsRopeThenAppend) {
     }
 }
 
-// A matrix's device bytes with the slack the weight arena leaves after each matrix
-// (cuda::kWeightSlackBytes), which the weight ring's bulk copies may read into.
-std::vector<uint8_t> with_arena_slack(std::vector<uint8_t> bytes) {
-  bytes.resize(bytes.size() + cuda::kWeightSlackBytes);
-  return bytes;
-}
-
 // Both decode matmul kernels return exactly the canonical order's bits (quant/canonical_dot.h, the
 // CPU statement of it), with bias and residual, for any token count: a token's result does not
 // depend on how many tokens share the launch or which kernel runs it.
@@ -616,7 +609,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), pad40_row(xq, t, sh.cols), sh.cols);
         want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
       }
-    DeviceBuffer<uint8_t> dw(with_arena_slack(cuda::device_layout(sh.t, sh.cols, wq)));
+    DeviceBuffer<uint8_t> dw(cuda::device_layout(sh.t, sh.cols, wq));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
     // The q4_K and q6_K (rows in fours) launches of 33..64 tokens also through the warpgroup-MMA
@@ -725,8 +718,8 @@ struct GateUp {
   std::vector<cuda::MatSeg> segs;
   GateUp(const synth::Preset& preset, uint64_t seed) {
     for (int s = 0; s < 2; ++s) {
-      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(with_arena_slack(cuda::device_layout(
-          GgmlType::Q4_K, preset.n_embd, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s))))));
+      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(
+          GgmlType::Q4_K, preset.n_embd, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s)))));
       cuda::MatSeg seg;
       seg.w = {GgmlType::Q4_K, preset.n_ff, preset.n_embd, w.back()->get()};
       segs.push_back(seg);
@@ -749,8 +742,8 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   const int cols = preset.n_embd;
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
   const GateUp gate_up(preset, 180);
-  DeviceBuffer<uint8_t> head(with_arena_slack(
-      cuda::device_layout(GgmlType::Q6_K, cols, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182))));
+  DeviceBuffer<uint8_t> head(
+      cuda::device_layout(GgmlType::Q6_K, cols, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
   cuda::MatSeg head_seg;
   head_seg.w = {GgmlType::Q6_K, preset.n_vocab, cols, head.get()};
   ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, several));
@@ -812,8 +805,8 @@ template <typename Check>
 void for_each_ring_shape(const char* name, const std::vector<RingShape>& shapes, uint64_t seed, Check check) {
   for (const RingShape& sh : shapes) {
     DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * sh.cols, 1.0f, seed), 8, sh.cols), 8, sh.cols);
-    DeviceBuffer<uint8_t> w(with_arena_slack(cuda::device_layout(
-        sh.t, sh.cols, test::random_weight_rows(sh.t, sh.rows, sh.cols, seed + 1 + uint64_t(sh.rows)))));
+    DeviceBuffer<uint8_t> w(cuda::device_layout(
+        sh.t, sh.cols, test::random_weight_rows(sh.t, sh.rows, sh.cols, seed + 1 + uint64_t(sh.rows))));
     cuda::MatSeg seg;
     seg.w = {sh.t, sh.rows, sh.cols, w.get()};
     check(sh, seg, plane.plane, std::string(name) + " " + sh.what);
@@ -971,7 +964,7 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
         residual(random_normal(size_t(max_tokens) * c.rows, 1.0f, 241));
     for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
       DeviceBuffer<uint8_t> w(
-          with_arena_slack(cuda::device_layout(type, c.cols, test::random_weight_rows(type, c.rows, c.cols, 243))));
+          cuda::device_layout(type, c.cols, test::random_weight_rows(type, c.rows, c.cols, 243)));
       cuda::MatSeg seg;
       seg.w = {type, c.rows, c.cols, w.get()};
       seg.bias = bias.get();

@@ -43,9 +43,6 @@ constexpr int kQ6KDeviceBlockBytes = 212;  // ql[128] qh[64] scales[16] d, then 
 // Bytes of a q6_K row of `groups` 256-column groups on the device: its blocks, then zeros to a
 // multiple of 16 (8 bytes where groups is 2 modulo 4, as in the 7B's rows of 3,584 and 18,944).
 constexpr int64_t q6k_device_row_bytes(int64_t groups) { return (groups * kQ6KDeviceBlockBytes + 15) / 16 * 16; }
-// Bytes readable past a matrix's last row on the device (the weight arena leaves them after each
-// matrix): kernels read one word past a run, the weight ring's bulk copies up to 15 bytes.
-constexpr int kWeightSlackBytes = 16;
 // Bytes of one row of `cols` values of type t in the device layout.
 int64_t device_row_bytes(GgmlType t, int64_t cols);
 // Copies n_rows consecutive GGUF rows of `cols` values of type t from src into the device layout

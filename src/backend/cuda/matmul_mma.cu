@@ -881,8 +881,8 @@ struct RingCopyMaps {
 // row tiles and every segment of a.seg[0]'s cols; blockDim.x == Ring::kThreadsACta and CtasPerSm CTAs an SM (the
 // launch bounds); dynamic shared memory of Ring::bytes(groups) for one tile a CTA, of
 // Ring::over_tiles_bytes(groups, the most tiles a CTA takes) for several; every
-// row holds whole groups and starts 16-byte aligned (the device layout); the weights readable up to
-// 15 bytes past their last row (the arena's slack, kWeightSlackBytes).
+// row holds whole groups and starts 16-byte aligned, its bytes a multiple of 16 (the device layout:
+// no copy reads past a row).
 template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false, bool kOneToken = false>
 __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
     matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a, const __grid_constant__ RingCopyMaps maps) {

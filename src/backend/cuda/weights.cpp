@@ -153,7 +153,7 @@ DeviceWeights::DeviceWeights(const Model& model, const Graph& graph, UploadStats
     if (cols % type_traits(t->type).block_size != 0 || (cols % 8 != 0 && t->rows() > 1))
       fail("tensor ", t->name, ": row length ", cols, " does not suit the CUDA kernels");
     offsets.push_back(total);
-    total += align_up(t->rows() * device_row_bytes(t->type, cols) + kWeightSlackBytes, 256);
+    total += align_up(t->rows() * device_row_bytes(t->type, cols), 256);
   }
   arena_ = DeviceArray<uint8_t>(size_t(std::max<int64_t>(total, 256)), "cudaMalloc (weights)");
   stats.bytes = total;
