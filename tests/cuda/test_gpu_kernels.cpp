@@ -612,14 +612,12 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
     DeviceBuffer<uint8_t> dw(cuda::device_layout(sh.t, sh.cols, wq));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
-    // The q4_K and q6_K (rows in fours) launches of 33..64 tokens also through the warpgroup-MMA
-    // kernel (sm_90).
+    // The q4_K and q6_K launches of 33..64 tokens also through the warpgroup-MMA kernel (sm_90).
     DeviceBuffer<uint8_t> operand(size_t(cuda::wgmma_operand_bytes(sh.cols)));
     cuda::MatVecExtra wgmma;
     wgmma.wgmma_operand = operand.get();
     wgmma.wgmma_operand_bytes = cuda::wgmma_operand_bytes(sh.cols);
-    const bool has_wgmma = (sh.t == GgmlType::Q4_K || (sh.t == GgmlType::Q6_K && sh.rows % 4 == 0)) &&
-                           cuda::prefill_gemm_device_has_wgmma();
+    const bool has_wgmma = (sh.t == GgmlType::Q4_K || sh.t == GgmlType::Q6_K) && cuda::prefill_gemm_device_has_wgmma();
     // At one token fragment (<= 8 tokens) also with 3 CTAs, each taking several row tiles, with
     // two groups in flight a warp in registers (rows of more than 16 groups, on 132 SMs), with the
     // weights streamed through the weight ring (rows of more than 8 groups: on 132 SMs at two CTAs

@@ -323,8 +323,8 @@ bool matmul_mma_shared_activations(const MatSeg* segs, int n_segs, int n_tokens,
 // canonical order's bits from f16 tensor-core products of exact integers (matmul_wgmma.cu).
 // launch_matmul_mma takes it for a type's segments of a launch when matmul_wgmma_takes says so:
 // extra.wgmma_operand holds wgmma_operand_bytes(cols), every segment stores (bias and residual
-// allowed, no rope or KV write), all have the same cols, and q6_K rows come in fours. The caller
-// sets wgmma_operand only on an sm_90 device.
+// allowed, no rope or KV write) and all have the same cols. The caller sets wgmma_operand only on an
+// sm_90 device.
 constexpr int kWgmmaMinTokens = 33;
 int64_t wgmma_operand_bytes(int width);
 bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);

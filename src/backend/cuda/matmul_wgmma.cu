@@ -26,12 +26,10 @@
 // exponent of 1024 (one PRMT from a word of clean bytes) and fma(x, lo, -1056 lo) = (q - 32) lo.
 // Thread tig takes the 64 columns of half n = tig / 2, l in [16 is, 16 is + 16) (is = tig % 2):
 // one 16-byte chunk of qh, two of ql, four sub-blocks; step s takes sub-block j = s / 4, word s % 4.
-// A row is G 212-byte device blocks padded to 16 bytes (q6k_device_row_bytes). The map is
-// [rows / 4][4 rows' bytes] and a stage is four boxes of 224 bytes x 32 quads, row-in-quad r4 in
-// box r4, each from the 16-byte boundary at or below its block (a tensor copy's inner start must be
-// aligned; the block then starts 0, 4, 8 or 12 bytes in, read by words).
-// So the CTA's row rho is matrix row 4 (rho % 32) + rho / 32, and consecutive fragment rows sit
-// 224 bytes apart.
+// A row is G 212-byte device blocks padded to 16 bytes (q6k_device_row_bytes), so a stage is one
+// box of 224 bytes x the CTA's 128 rows from the 16-byte boundary at or below group g's block (a
+// tensor copy's inner start must be 16-byte aligned; the block then starts 0, 4, 8 or 12 bytes in,
+// the same in every row, read by words); fragment rows sit 224 bytes apart.
 //
 // CTA. Two warpgroups, 64 rows each, all 64 tokens (wgmma m64n64k16, 16 steps a group). The
 // weights and the group's operand image go through a ring of stages; the last warp to finish with
@@ -155,8 +153,8 @@ __device__ __forceinline__ __half2 splat_byte_1024(uint32_t w, uint32_t b) {
 // ---- the weight formats ----------------------------------------------------------------------
 // What the kernel asks of a format: kType; kRowBytes, a row's bytes a group in a stage;
 // kCopyBytes, the bytes of a group's operand image it reads; column_of(s, kappa), the group column
-// k position kappa of step s stands for; row_of(rho), the tile row that CTA row rho is; weight_map
-// (host) and load (a stage's TMA copies); accumulate, a group's terms into the thread's 32 open
+// k position kappa of step s stands for; weight_map (host) and load (a stage's TMA copy of its
+// 128 rows); accumulate, a group's terms into the thread's 32 open
 // outputs (rows rr0 and rr0 + 8, tokens 8 j + 2 tig + {0, 1}: the m64n64 fragment) from the stage
 // at `base` with its weights at `weights`.
 
@@ -169,45 +167,37 @@ CUtensorMap byte_map(const DevMat& m, int64_t inner, int64_t outer, uint32_t box
 struct Q4K : Q4KColumns {
   static constexpr OperandFormat kFormat = OperandFormat::Q4K;
   static constexpr int kBlockBytes = 144, kRowBytes = kBlockBytes, kCopyBytes = kImageBytes;
-  __device__ static int row_of(int rho) { return rho; }
   // rows x row bytes, boxes of one block x 128 rows.
   static CUtensorMap weight_map(const DevMat& m) {
     return byte_map(m, int64_t(m.cols / 256) * kBlockBytes, m.rows, kBlockBytes, kRowsCta);
   }
-  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int /*groups*/, int row0, uint32_t bar,
+  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int row0, uint32_t bar,
                               uint64_t policy) {
     tma_load_2d(dst, map, g * kBlockBytes, row0, bar, policy);
   }
-  __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0, int gq, int tig,
+  __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int rr0, int gq, int tig,
                                     float (&open)[32]);
 };
 
 struct Q6K : Q6KColumns {
   static constexpr OperandFormat kFormat = OperandFormat::Q6K;
   static constexpr int kBlockBytes = kQ6KDeviceBlockBytes, kRowBytes = 224, kCopyBytes = kDigitsOffset;
-  static constexpr int kQuads = kRowsCta / 4, kBoxBytes = kQuads * kRowBytes;
-  static_assert(kRowBytes >= kBlockBytes + 12 && kRowBytes % 16 == 0 && kBoxBytes % 128 == 0, "TMA boxes, lead <= 12");
-  __device__ static int row_of(int rho) { return 4 * (rho % kQuads) + rho / kQuads; }
-  // REQUIRES rows % 4 == 0: [rows / 4][4 rows' bytes], boxes of 224 bytes x 32 quads.
+  static_assert(kRowBytes >= kBlockBytes + 12 && kRowBytes % 16 == 0, "TMA boxes, lead <= 12");
+  // rows x row bytes, boxes of 224 bytes x 128 rows.
   static CUtensorMap weight_map(const DevMat& m) {
-    return byte_map(m, 4 * q6k_device_row_bytes(m.cols / 256), m.rows / 4, kRowBytes, kQuads);
+    return byte_map(m, q6k_device_row_bytes(m.cols / 256), m.rows, kRowBytes, kRowsCta);
   }
-  // Where block g of row-in-quad r4 starts in its quad's bytes; a box starts at the 16-byte boundary
-  // below (the tensor copy's inner coordinate must be 16-byte aligned), the block `lead` bytes in.
-  __device__ static int quad_offset(int r4, int g, int groups) {
-    return r4 * int(q6k_device_row_bytes(groups)) + g * kBlockBytes;
-  }
-  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int groups, int row0, uint32_t bar,
+  // How far block g starts past the 16-byte boundary a box starts at (every row 16-byte aligned).
+  __device__ static int lead(int g) { return g * kBlockBytes & 15; }
+  __device__ static void load(uint32_t dst, const CUtensorMap* map, int g, int row0, uint32_t bar,
                               uint64_t policy) {
-#pragma unroll
-    for (int r4 = 0; r4 < 4; ++r4)
-      tma_load_2d(dst + r4 * kBoxBytes, map, quad_offset(r4, g, groups) & ~15, row0 / 4, bar, policy);
+    tma_load_2d(dst, map, g * kBlockBytes - lead(g), row0, bar, policy);
   }
-  __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0, int gq, int tig,
+  __device__ static void accumulate(uint32_t base, uint32_t weights, int g, int rr0, int gq, int tig,
                                     float (&open)[32]);
 };
 
-__device__ __forceinline__ void Q4K::accumulate(uint32_t base, uint32_t weights, int /*g*/, int /*groups*/, int rr0,
+__device__ __forceinline__ void Q4K::accumulate(uint32_t base, uint32_t weights, int /*g*/, int rr0,
                                                 int gq, int tig, float (&open)[32]) {
   const uint32_t first_byte = 2 * (tig / 2);  // the thread's first sub-block in a 4-byte scale vector
   uint32_t magic = 0x64006400u;
@@ -299,12 +289,10 @@ __device__ __forceinline__ void Q4K::accumulate(uint32_t base, uint32_t weights,
   }
 }
 
-__device__ __forceinline__ void Q6K::accumulate(uint32_t base, uint32_t weights, int g, int groups, int rr0,
+__device__ __forceinline__ void Q6K::accumulate(uint32_t base, uint32_t weights, int g, int rr0,
                                                 int /*gq*/, int tig, float (&open)[32]) {
   const int n = tig / 2, is = tig % 2;
-  // Both rows of the thread are in box rr0 / 32 (rr0 % 32 < 24), so one lead a warp: 0, 4, 8 or
-  // 12 bytes, hence word loads.
-  const int lead = quad_offset(rr0 / kQuads, g, groups) & 15;
+  const int lead = Q6K::lead(g);  // 0, 4, 8 or 12 bytes: word loads
   uint32_t row[2], lo4[2], hi4[2], qh[2][4];
   float d[2];
 #pragma unroll
@@ -428,7 +416,7 @@ struct Shape {
 };
 
 // REQUIRES: blockDim.x == kThreads; gridDim = (the segments' 128-row tiles, kSplit) in clusters of
-// (1, kSplit); the segments' weights of Fmt's type with cols = 256 * groups (q6_K: rows % 4 == 0);
+// (1, kSplit); the segments' weights of Fmt's type with cols = 256 * groups;
 // 1 <= n_tokens <= 64; the image in Fmt's k order of this plane's first n_tokens tokens (the
 // builder's or the producer's, the same bytes; other token rows only reach outputs not stored);
 // dynamic shared memory Shape<Fmt, kSplit>::kSmemBytes.
@@ -454,7 +442,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t bar = shared_address(&full[st]), dst = base0 + st * Sh::kStageBytes;
     mbarrier_expect_tx(bar, Fmt::kCopyBytes + Sh::kWeightBytes);
     mbarrier_arrive(bar);
-    Fmt::load(dst + Sh::kWeightsOffset, &maps.map[seg], g, a.groups, row0, bar, stream_by);
+    Fmt::load(dst + Sh::kWeightsOffset, &maps.map[seg], g, row0, bar, stream_by);
   };
   const auto issue_image = [&](int it, int g) {
     const int st = it % kStages;
@@ -490,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int st = it % kStages;
       mbarrier_wait(shared_address(&full[st]), (it / kStages) & 1);
       const uint32_t base = base0 + st * Sh::kStageBytes;
-      Fmt::accumulate(base, base + Sh::kWeightsOffset, g, a.groups, rr0, gq, tig, open);
+      Fmt::accumulate(base, base + Sh::kWeightsOffset, g, rr0, gq, tig, open);
       __syncwarp();
       // The stage's last reader refills it; its reset of the count reaches the next round's readers
       // through its mbarrier arrive (a release) and their wait.
@@ -545,7 +533,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int j = 0; j < 8; ++j)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int row = row0 + Fmt::row_of(rr0 + 8 * (e >> 1)), n = 8 * j + 2 * tig + (e & 1);
+        const int row = row0 + rr0 + 8 * (e >> 1), n = 8 * j + 2 * tig + (e & 1);
         if (row < sg.w.rows && n < a.n_tokens) store_output(sg, n, row, total[4 * j + e]);
       }
   } else {
@@ -565,7 +553,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int q = 0; q < kSplit; ++q) parts[q] = cluster.map_shared_rank(part, q);
     for (int x = threadIdx.x; x < kShare * kTokens; x += kThreads) {
-      const int local = rank * kShare + x % kShare, n = x / kShare, row = row0 + Fmt::row_of(local);
+      const int local = rank * kShare + x % kShare, n = x / kShare, row = row0 + local;
       if (n >= a.n_tokens || row >= sg.w.rows) continue;
       float v[kSplit];
 #pragma unroll
@@ -657,8 +645,7 @@ bool matmul_wgmma_takes(const MatSeg* segs, int n_segs, int n_tokens, const MatV
   if (type != GgmlType::Q4_K && type != GgmlType::Q6_K) return false;
   for (int i = 0; i < n_segs; ++i)
     if (segs[i].w.type != type || segs[i].epi != Epilogue::Store || segs[i].w.cols != segs[0].w.cols ||
-        wgmma_operand_bytes(segs[i].w.cols) > extra.wgmma_operand_bytes ||
-        (type == GgmlType::Q6_K && segs[i].w.rows % 4 != 0))
+        wgmma_operand_bytes(segs[i].w.cols) > extra.wgmma_operand_bytes)
       return false;
   return true;
 }
