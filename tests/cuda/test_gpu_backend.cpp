@@ -531,8 +531,8 @@ TEST(GpuBackend, OneTokenColumnKeepsTheBits) {
 }
 
 // The weight rings' rounds by tensor copies (tiny-wide: q/k/v with neox rope, o, down and gate+up
-// through the rings, its q6_K v and head on the rows' copies; qwen2.5-0.5b: down) give the logits
-// of a bulk copy a row (MINFER_NO_RING_TENSOR_COPIES).
+// through the rings; qwen2.5-0.5b: down) give the logits of a bulk copy a row
+// (MINFER_NO_RING_TENSOR_COPIES).
 TEST(GpuBackend, RingTensorCopiesKeepTheBits) {
   MINFER_REQUIRE_GPU();
   for (const char* preset : {"tiny-wide", "qwen2.5-0.5b"}) expect_opt_out_keeps_the_trace(preset, "MINFER_NO_RING_TENSOR_COPIES");

@@ -1103,13 +1103,14 @@ int most_groups(const MmaArgs& a) {
   for (int i = 0; i < a.n_segs; ++i) groups = std::max(groups, a.seg[i].w.cols / 256);
   return groups;
 }
-// The most CTAs an SM a type's ring runs at: q6_K's two stages of 28.9 KB do not fit four.
+// The most CTAs an SM a type's ring runs at: q6_K's two stages of 27.4 KB do not fit four.
 template <typename Group>
 constexpr int kMostRingCtasPerSm = std::is_same_v<Group, GroupQ6K> ? 3 : 4;
 // The CTAs an SM of the weight ring a one-fragment launch streams its weights through, one tile a
-// CTA, 0 for none: unless MatVecExtra::weights_in_registers, where some warp streams two groups or
-// more and the tiles fit one wave (one_wave_of_many_groups) at two CTAs an SM (the 7B's down: 207
-// KB of 228 at q4_K, 197 at q6_K; its o), else at three (the 14B's down and o: +5.6 % against one
+// CTA, 0 for none: unless MatVecExtra::weights_in_registers or its rows are not aligned
+// (ring_rows_aligned), where some warp streams two groups or more and the tiles fit one wave
+// (one_wave_of_many_groups) at two CTAs an SM (the 7B's down: 195 KB of 228 at q4_K, 191 at q6_K;
+// its o), else at three (the 14B's down and o: +5.6 % against one
 // group in flight, which is all the registers allow there, o alone +1.5 %; the 7B's q/k/v in its
 // q4_K-v layers), else at four (the 14B's q/k/v in its q4_K-v layers), and the CTAs' rings fit the
 // SM's shared memory. The 7B's o and q/k/v (14 groups): +1.2 %.
@@ -1120,9 +1121,18 @@ bool weight_ring_fits(const MmaArgs& a, int row_tiles) {
          CtasPerSm * shared_memory_per_cta<1>(Ring::bytes(most_groups(a))) <=
              prefill_detail::device_shared_memory_per_sm();
 }
+// Whether every segment's rows start 16-byte aligned and are a multiple of 16 bytes, as the
+// weight rings' copies need (the device layout's rows are, DevMat).
+bool ring_rows_aligned(const MmaArgs& a) {
+  for (int i = 0; i < a.n_segs; ++i)
+    if (device_row_bytes(a.seg[i].w.type, a.seg[i].w.cols) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(a.seg[i].w.data) % 16 != 0)
+      return false;
+  return true;
+}
 template <typename Group>
 int weight_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
-  if (a.extra.weights_in_registers) return 0;
+  if (a.extra.weights_in_registers || !ring_rows_aligned(a)) return 0;
   if (weight_ring_fits<Group, 2>(a, row_tiles)) return 2;
   if (weight_ring_fits<Group, 3>(a, row_tiles)) return 3;
   if constexpr (kMostRingCtasPerSm<Group> == 4)
@@ -1151,7 +1161,8 @@ int ring_over_tiles_bytes(const MmaArgs& a, int row_tiles) {
 }
 template <typename Group>
 bool weight_ring_over_tiles(const MmaArgs& a, int row_tiles) {
-  if (a.extra.weights_in_registers || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0) return false;
+  if (a.extra.weights_in_registers || a.extra.decode_ctas != 0 || a.extra.sm_count <= 0 || !ring_rows_aligned(a))
+    return false;
   if (row_tiles <= kRingOverTilesCtasPerSm<Group> * a.extra.sm_count || !same_cols(a) || a.seg[0].w.cols / 256 <= kWarps)
     return false;
   return kRingOverTilesCtasPerSm<Group> * shared_memory_per_cta<1>(ring_over_tiles_bytes<Group>(a, row_tiles)) <=
@@ -1170,15 +1181,13 @@ bool one_token_form(const MmaArgs& a) { return a.n_tokens == 1 && !a.extra.every
 // Whether a ring launch copies its rounds by tensor maps (RingCopyMaps): unless
 // MatVecExtra::ring_row_copies, where every segment's half tiles are runs of 8 rows (plain rows,
 // rows past the end zero-filled and dropped; rope on neox pairs over whole tiles of heads whose
-// half is a multiple of 8) and its rows a multiple of 16 bytes from a 16-byte aligned start.
+// half is a multiple of 8). A ring's rows are aligned either way (ring_rows_aligned).
 bool ring_tensor_copies(const MmaArgs& a) {
   if (a.extra.ring_row_copies) return false;
   for (int i = 0; i < a.n_segs; ++i) {
     const MatSeg& seg = a.seg[i];
     if (seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK)
       if (!a.extra.rope.neox || a.extra.rope.head_dim % 16 != 0 || seg.w.rows % kTileRows != 0) return false;
-    if (device_row_bytes(seg.w.type, seg.w.cols) % 16 != 0 || reinterpret_cast<uintptr_t>(seg.w.data) % 16 != 0)
-      return false;
   }
   return true;
 }
