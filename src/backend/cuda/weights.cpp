@@ -162,15 +162,15 @@ DeviceWeights::DeviceWeights(const Model& model, const Graph& graph, UploadStats
   for (size_t i = 0; i < matrices.size(); ++i) {
     const Tensor* t = matrices[i];
     const int64_t cols = t->shape.empty() ? 1 : t->shape[0], n_rows = t->rows();
-    if (device_row_bytes(t->type, cols) > int64_t(kChunk))
+    const int64_t src_row = int64_t(row_bytes(t->type, cols)), dst_row = device_row_bytes(t->type, cols);
+    if (dst_row > int64_t(kChunk))
       fail("tensor ", t->name, ": a row of ", cols, " values exceeds the upload's staging buffer");
-    const int64_t per_chunk = int64_t(kChunk) / device_row_bytes(t->type, cols);
+    const int64_t per_chunk = int64_t(kChunk) / dst_row;
     uint8_t* dst = arena_.get() + offsets[i];
     for (int64_t r = 0; r < n_rows; r += per_chunk)
-      chunks.push_back({t->type, cols, t->data + r * int64_t(row_bytes(t->type, cols)),
-                        dst + r * device_row_bytes(t->type, cols), std::min(per_chunk, n_rows - r)});
+      chunks.push_back({t->type, cols, t->data + r * src_row, dst + r * dst_row, std::min(per_chunk, n_rows - r)});
     payload += int64_t(t->nbytes);
-    mats_[t] = DevMat{t->type, int(t->rows()), int(t->shape.empty() ? 1 : t->shape[0]), dst};
+    mats_[t] = DevMat{t->type, int(n_rows), int(cols), dst};
   }
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
