@@ -437,29 +437,41 @@ __device__ __forceinline__ float with_bias_residual(const MatSeg& seg, int r, si
 
 // The segment epilogue of one output pair (r0, r1) of token t: bias, residual, then the store
 // (or rope, or KV cache write). v1 is ignored when !has_r1. Shared with the tensor-core kernel.
+// Every operand is read before the first store and outside the branches on the epilogue, so that
+// the reads are one round trip: a read after a store that may alias it waits for nothing but is
+// issued only after the store, and the q/k/v launch ended on four round trips in a row (the bias,
+// rope's position and frequency, the KV slot, the slot again after the first KV write;
+// scripts/sass --chains). The same operations in the same order on the values.
 __device__ __forceinline__ void store_pair(const MatSeg& seg, const MatVecExtra& extra, int t, int r0, int r1,
                                            int rope_j, bool has_r1, float v0, float v1) {
   const size_t o = size_t(t) * seg.ld_out;
-  v0 = with_bias_residual(seg, r0, o + r0, v0);
-  if (has_r1) v1 = with_bias_residual(seg, r1, o + r1, v1);
+  const bool roped = seg.epi == Epilogue::RopeQ || seg.epi == Epilogue::RopeK;
+  const bool to_kv = seg.epi == Epilogue::RopeK || seg.epi == Epilogue::StoreV;
+  const float bias0 = seg.bias ? seg.bias[r0] : 0.0f, bias1 = seg.bias && has_r1 ? seg.bias[r1] : 0.0f;
+  const float residual0 = seg.residual ? seg.residual[o + r0] : 0.0f;
+  const float residual1 = seg.residual && has_r1 ? seg.residual[o + r1] : 0.0f;
+  const int pos = roped ? extra.positions[t] : 0, slot = to_kv ? extra.slots[t] : 0;
+  const float inv_freq = roped ? extra.rope.inv_freq[rope_j] : 0.0f;
+  if (seg.bias) v0 = __fadd_rn(v0, bias0), v1 = __fadd_rn(v1, bias1);
+  if (seg.residual) v0 = __fadd_rn(v0, residual0), v1 = __fadd_rn(v1, residual1);
   switch (seg.epi) {
     case Epilogue::Store:
       seg.out[o + r0] = v0;
       if (has_r1) seg.out[o + r1] = v1;
       break;
     case Epilogue::RopeQ:
-      rope_rotate(v0, v1, extra.positions[t], extra.rope.inv_freq[rope_j]);
+      rope_rotate(v0, v1, pos, inv_freq);
       seg.out[o + r0] = v0;
       seg.out[o + r1] = v1;
       break;
     case Epilogue::RopeK:
-      rope_rotate(v0, v1, extra.positions[t], extra.rope.inv_freq[rope_j]);
-      extra.kv.k[kv_index(extra.kv, r0, extra.slots[t])] = f2h(v0);
-      extra.kv.k[kv_index(extra.kv, r1, extra.slots[t])] = f2h(v1);
+      rope_rotate(v0, v1, pos, inv_freq);
+      extra.kv.k[kv_index(extra.kv, r0, slot)] = f2h(v0);
+      extra.kv.k[kv_index(extra.kv, r1, slot)] = f2h(v1);
       break;
     case Epilogue::StoreV:
-      extra.kv.v[kv_index(extra.kv, r0, extra.slots[t])] = f2h(v0);
-      if (has_r1) extra.kv.v[kv_index(extra.kv, r1, extra.slots[t])] = f2h(v1);
+      extra.kv.v[kv_index(extra.kv, r0, slot)] = f2h(v0);
+      if (has_r1) extra.kv.v[kv_index(extra.kv, r1, slot)] = f2h(v1);
       break;
   }
 }
