@@ -1154,106 +1154,154 @@ TEST(GpuKernels, RopeMatchesDoubleReference) {
 }
 
 // The cache is paged: each token's sequence has its own block table of shuffled blocks.
-TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
-  MINFER_REQUIRE_GPU();
-  struct Case { int hd, n_head, n_kv, splits, block_size; std::vector<int> lens; };
-  // 7B / 14B / 0.5b shapes at depth, splits with no positions, groups over 8 heads (12: two chunks
-  // of 6; 9: chunks of 5 and 4), head_dim 256, several tokens of different sequences and lengths in
-  // one launch
-  for (const Case& c : {Case{128, 28, 4, 66, 64, {1000}}, Case{128, 28, 4, 66, 16, {16384}}, Case{128, 40, 8, 33, 64, {4100}},
-                        Case{64, 14, 2, 132, 32, {517}}, Case{64, 4, 2, 8, 16, {37, 5, 200}}, Case{128, 40, 8, 33, 64, {3}},
-                        Case{128, 12, 1, 7, 128, {300}}, Case{64, 18, 2, 9, 16, {150, 7}}, Case{256, 8, 2, 5, 16, {129, 1}}}) {
-    const int kvw = c.n_kv * c.hd, n_tokens = int(c.lens.size());
+// A decode attention launch's inputs: q of one token a sequence, each sequence's K/V rows in
+// blocks of a paged cache dealt in shuffled order.
+struct PagedAttention {
+  struct Case {
+    int hd, n_head, n_kv, splits, block_size;
+    std::vector<int> lens;
+  };
+  // What a launch may vary (launch_attention's AttnParams beside the inputs).
+  struct Launch {
+    int sm_count = 100000;  // 1 gives a few blocks looping over many slices, 100000 one block a slice
+    bool tensor_cores = true;
+    DevicePlane* q8 = nullptr;
+    int head_chunks = 1;
+    bool combine_spread = true, combine_staging = true, early_reads = false;
+  };
+  struct Host {
     std::vector<int32_t> tables, offsets, positions;
+    std::vector<float> q;
+    std::vector<uint16_t> kh, vh;
+  };
+  static Host host_inputs(const Case& c) {
+    Host h;
+    const int kvw = c.n_kv * c.hd;
     int n_blocks = 0;
     for (int len : c.lens) n_blocks += (len + c.block_size - 1) / c.block_size;
     std::vector<int32_t> order(static_cast<size_t>(n_blocks));
     for (int b = 0; b < n_blocks; ++b) order[size_t(b)] = b;
     std::shuffle(order.begin(), order.end(), std::mt19937_64(seed() + 99));
     for (int len : c.lens) {
-      offsets.push_back(int32_t(tables.size()));
-      positions.push_back(len - 1);
-      for (int b = 0; b < (len + c.block_size - 1) / c.block_size; ++b) tables.push_back(order[tables.size()]);
+      h.offsets.push_back(int32_t(h.tables.size()));
+      h.positions.push_back(len - 1);
+      for (int b = 0; b < (len + c.block_size - 1) / c.block_size; ++b) h.tables.push_back(order[h.tables.size()]);
     }
     const size_t pool = size_t(n_blocks) * c.block_size * kvw;
-    const auto q = random_normal(size_t(n_tokens * c.n_head * c.hd), 1.0f, 100);
+    h.q = random_normal(c.lens.size() * size_t(c.n_head * c.hd), 1.0f, 100);
     const auto kf = random_normal(pool, 1.0f, 101), vf = random_normal(pool, 1.0f, 102);
-    std::vector<uint16_t> kh(pool), vh(pool);
-    for (size_t i = 0; i < pool; ++i) kh[i] = f32_to_f16(kf[i]), vh[i] = f32_to_f16(vf[i]);
-    DeviceBuffer<float> dq(q);
-    DeviceBuffer<uint16_t> dk(kh), dv(vh);
-    DeviceBuffer<int32_t> dpos(positions), dtables(tables), doffsets(offsets);
-    DeviceBuffer<float> part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits)));
+    h.kh.resize(pool), h.vh.resize(pool);
+    for (size_t i = 0; i < pool; ++i) h.kh[i] = f32_to_f16(kf[i]), h.vh[i] = f32_to_f16(vf[i]);
+    return h;
+  }
+  const Case c;
+  const int n_tokens;
+  const Host h;
+  const DeviceBuffer<float> dq;
+  const DeviceBuffer<uint16_t> dk, dv;
+  const DeviceBuffer<int32_t> dpos, dtables, doffsets;
+  const DeviceBuffer<float> part;
+
+  explicit PagedAttention(Case cs)
+      : c(std::move(cs)), n_tokens(int(c.lens.size())), h(host_inputs(c)), dq(h.q), dk(h.kh), dv(h.vh),
+        dpos(h.positions), dtables(h.tables), doffsets(h.offsets),
+        part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits))) {}
+  cuda::AttnParams params(float* out, const Launch& l) const {
+    cuda::AttnParams p;
+    p.q = dq.get();
+    p.out = out;
+    p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
+    p.n_head = c.n_head;
+    p.n_tokens = n_tokens;
+    p.positions = dpos.get();
+    p.tables = dtables.get();
+    p.table_offsets = doffsets.get();
+    p.block_size = c.block_size;
+    p.n_splits = c.splits;
+    p.part = part.get();
+    p.sm_count = l.sm_count;
+    p.head_chunks = l.head_chunks;
+    p.tensor_cores = l.tensor_cores;
+    p.combine_spread = l.combine_spread;
+    p.combine_staging = l.combine_staging;
+    p.early_reads = l.early_reads;
+    if (l.q8) p.q8 = l.q8->plane, p.q8_rows = n_tokens;
+    return p;
+  }
+  std::vector<float> attend(const Launch& l) const {
+    DeviceBuffer<float> out(std::vector<float>(h.q.size(), NAN));
+    cuda::launch_attention(params(out.get(), l), nullptr);
+    return out.download();
+  }
+};
+
+TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
+  MINFER_REQUIRE_GPU();
+  using Case = PagedAttention::Case;
+  using Launch = PagedAttention::Launch;
+  // 7B / 14B / 0.5b shapes at depth, splits with no positions, groups over 8 heads (12: two chunks
+  // of 6; 9: chunks of 5 and 4), head_dim 256, several tokens of different sequences and lengths in
+  // one launch
+  for (const Case& cs : {Case{128, 28, 4, 66, 64, {1000}}, Case{128, 28, 4, 66, 16, {16384}}, Case{128, 40, 8, 33, 64, {4100}},
+                         Case{64, 14, 2, 132, 32, {517}}, Case{64, 4, 2, 8, 16, {37, 5, 200}}, Case{128, 40, 8, 33, 64, {3}},
+                         Case{128, 12, 1, 7, 128, {300}}, Case{64, 18, 2, 9, 16, {150, 7}}, Case{256, 8, 2, 5, 16, {129, 1}}}) {
+    const PagedAttention a(cs);
+    const Case& c = a.c;
+    const int n_tokens = a.n_tokens;
     // Both bodies (the f16 tensor cores, and CUDA cores; head_dim 256 runs CUDA cores either way)
     // against the same reference and the same invariances.
     for (const bool tensor_cores : {true, false}) {
-      // sm_count sets how many blocks share a token's slices: 1 gives a few blocks looping over
-      // many slices, 100000 one block a slice; the bits must not change.
-      auto attend = [&](int sm_count, DevicePlane* q8 = nullptr, int head_chunks = 1, bool combine_spread = true,
-                        bool combine_staging = true, bool early_reads = false) {
-        DeviceBuffer<float> out(std::vector<float>(q.size(), NAN));
-        cuda::AttnParams p;
-        p.q = dq.get();
-        p.out = out.get();
-        p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
-        p.n_head = c.n_head;
-        p.n_tokens = n_tokens;
-        p.positions = dpos.get();
-        p.tables = dtables.get();
-        p.table_offsets = doffsets.get();
-        p.block_size = c.block_size;
-        p.n_splits = c.splits;
-        p.part = part.get();
-        p.sm_count = sm_count;
-        p.head_chunks = head_chunks;
-        p.tensor_cores = tensor_cores;
-        p.combine_spread = combine_spread;
-        p.combine_staging = combine_staging;
-        p.early_reads = early_reads;
-        if (q8) p.q8 = q8->plane, p.q8_rows = n_tokens;
-        cuda::launch_attention(p, nullptr);
-        return out.download();
+      Launch base;
+      base.tensor_cores = tensor_cores;
+      auto with = [&](auto change) {
+        Launch l = base;
+        change(l);
+        return l;
       };
-      const auto o = attend(100000);
+      const auto o = a.attend(base);
+      // the bits depend on neither how many blocks share a token's slices
       for (const int sm_count : {1, 3, 132}) {
-        const auto other = attend(sm_count);
+        const auto other = a.attend(with([&](Launch& l) { l.sm_count = sm_count; }));
         ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "sm_count " << sm_count << " head_dim " << c.hd
                                                                        << " tensor cores " << tensor_cores;
       }
       // nor on whether the combine's CTAs take an SM each or bulk-copy their partials
       for (const auto [spread, staging] : {std::pair{false, false}, std::pair{true, false}, std::pair{false, true}}) {
-        const auto other = attend(100000, nullptr, 1, spread, staging);
+        const auto other = a.attend(with([&](Launch& l) { l.combine_spread = spread, l.combine_staging = staging; }));
         ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0)
             << "combine spread " << spread << " staging " << staging << " head_dim " << c.hd;
       }
       // nor on reading the older rows first (AttnParams::early_reads; its race: test_attention_pdl.cu)
       for (const int sm_count : {3, 132}) {
-        const auto other = attend(sm_count, nullptr, 1, true, true, true);
+        const auto other = a.attend(with([&](Launch& l) { l.sm_count = sm_count, l.early_reads = true; }));
         ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "early reads, sm_count " << sm_count
                                                                        << " head_dim " << c.hd;
       }
       // nor on how a KV head's q heads are spread over blocks (down to one a block)
       for (const int head_chunks : {2, 3, c.n_head / c.n_kv}) {
-        const auto other = attend(132, nullptr, head_chunks);
+        const auto other = a.attend(with([&](Launch& l) { l.sm_count = 132, l.head_chunks = head_chunks; }));
         ASSERT_EQ(std::memcmp(other.data(), o.data(), o.size() * 4), 0) << "head chunks " << head_chunks << " head_dim " << c.hd;
       }
       const int width = c.n_head * c.hd;
       if (width % 256 == 0) {  // the o-projection's q8 plane from the combine: the standalone quantize's bits
         DevicePlane fused(n_tokens, width), plain(n_tokens, width);
-        const auto with_plane = attend(132, &fused);
+        const auto with_plane = a.attend(with([&](Launch& l) { l.sm_count = 132, l.q8 = &fused; }));
         ASSERT_EQ(std::memcmp(with_plane.data(), o.data(), o.size() * 4), 0) << "head_dim " << c.hd;
         DeviceBuffer<float> dout(o);
         cuda::launch_quantize_q8(dout.get(), width, plain.plane, n_tokens, width, nullptr);
         ASSERT_TRUE(same_pad40(fused.to_pad40(), plain.to_pad40())) << "head_dim " << c.hd << " heads " << c.n_head;
         DevicePlane unstaged(n_tokens, width);
-        ASSERT_EQ(std::memcmp(attend(132, &unstaged, 1, false, false).data(), o.data(), o.size() * 4), 0);
+        const auto unstaged_out = a.attend(
+            with([&](Launch& l) { l.sm_count = 132, l.q8 = &unstaged, l.combine_spread = l.combine_staging = false; }));
+        ASSERT_EQ(std::memcmp(unstaged_out.data(), o.data(), o.size() * 4), 0);
         ASSERT_TRUE(same_pad40(unstaged.to_pad40(), plain.to_pad40())) << "head_dim " << c.hd << " unstaged, one SM apart";
       }
-      const int G = c.n_head / c.n_kv;
+      const int kvw = c.n_kv * c.hd, G = c.n_head / c.n_kv;
       for (int tk = 0; tk < n_tokens; ++tk) {
         const int len = c.lens[size_t(tk)];
         auto slot = [&](int pos) {
-          return size_t(tables[size_t(offsets[size_t(tk)] + pos / c.block_size)]) * c.block_size + size_t(pos % c.block_size);
+          return size_t(a.h.tables[size_t(a.h.offsets[size_t(tk)] + pos / c.block_size)]) * c.block_size +
+                 size_t(pos % c.block_size);
         };
         for (int h = 0; h < c.n_head; ++h) {
           const int g = h / G;
@@ -1262,7 +1310,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
           for (int t = 0; t < len; ++t) {
             double d = 0;
             for (int i = 0; i < c.hd; ++i)
-              d += double(q[size_t((tk * c.n_head + h) * c.hd + i)]) * f16_to_f32(kh[slot(t) * kvw + size_t(g * c.hd + i)]);
+              d += double(a.h.q[size_t((tk * c.n_head + h) * c.hd + i)]) * f16_to_f32(a.h.kh[slot(t) * kvw + size_t(g * c.hd + i)]);
             s[size_t(t)] = d / std::sqrt(double(c.hd));
             mx = std::max(mx, s[size_t(t)]);
           }
@@ -1270,7 +1318,7 @@ TEST(GpuKernels, SplitKAttentionOverPagedCacheMatchesDoubleReference) {
           for (auto& e : s) den += (e = std::exp(e - mx));
           for (int i = 0; i < c.hd; ++i) {
             double num = 0;
-            for (int t = 0; t < len; ++t) num += s[size_t(t)] * f16_to_f32(vh[slot(t) * kvw + size_t(g * c.hd + i)]);
+            for (int t = 0; t < len; ++t) num += s[size_t(t)] * f16_to_f32(a.h.vh[slot(t) * kvw + size_t(g * c.hd + i)]);
             ASSERT_NEAR(o[size_t((tk * c.n_head + h) * c.hd + i)], num / den, 1e-4)
                 << "token " << tk << " head " << h << " dim " << i << " len " << len << " tensor cores " << tensor_cores;
           }
