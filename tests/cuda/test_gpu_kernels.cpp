@@ -1206,10 +1206,11 @@ struct PagedAttention {
       : c(std::move(cs)), n_tokens(int(c.lens.size())), h(host_inputs(c)), dq(h.q), dk(h.kh), dv(h.vh),
         dpos(h.positions), dtables(h.tables), doffsets(h.offsets),
         part(static_cast<size_t>(cuda::attention_workspace_floats(n_tokens, c.n_head, c.hd, c.splits))) {}
-  cuda::AttnParams params(float* out, const Launch& l) const {
+  std::vector<float> attend(const Launch& l) const {
+    DeviceBuffer<float> out(std::vector<float>(h.q.size(), NAN));
     cuda::AttnParams p;
     p.q = dq.get();
-    p.out = out;
+    p.out = out.get();
     p.kv = {dk.get(), dv.get(), c.n_kv, c.hd};
     p.n_head = c.n_head;
     p.n_tokens = n_tokens;
@@ -1226,11 +1227,7 @@ struct PagedAttention {
     p.combine_staging = l.combine_staging;
     p.early_reads = l.early_reads;
     if (l.q8) p.q8 = l.q8->plane, p.q8_rows = n_tokens;
-    return p;
-  }
-  std::vector<float> attend(const Launch& l) const {
-    DeviceBuffer<float> out(std::vector<float>(h.q.size(), NAN));
-    cuda::launch_attention(params(out.get(), l), nullptr);
+    cuda::launch_attention(p, nullptr);
     return out.download();
   }
 };
