@@ -81,6 +81,10 @@ struct MmaArgs {
   Q8Plane act;
   int n_tokens;
   MatVecExtra extra;
+  // The launch after this matmul's first launch of another weight type (MatVecExtra::
+  // types_side_by_side): it runs beside that launch, waiting for it only before its CTAs exit
+  // (the one-tile weight ring; every other kernel waits first as always).
+  bool beside_predecessor;
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -966,7 +970,7 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   // The first rounds depend on no earlier kernel: they stream in during its tail.
   if (warp == 0)
     for (int q = 0; q < Ring::kStages && q < my_rounds; ++q) issue(q, 0, q);
-  await_predecessor();
+  if (!a.beside_predecessor) await_predecessor();
   // Every tile reads the same tokens (one token fragment) and has rows of the same groups.
   const MatSeg& seg = first_seg;
   const DevMat& m = seg.w;
@@ -1029,6 +1033,7 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   // Every round has been read: the read counts are free for the tiles' completions.
   if constexpr (kSwiglu)
     if (a.extra.swiglu_q8_rows > 0) publish_swiglu_tiles(a, tile_items, my_tiles, released);
+  if (a.beside_predecessor) await_predecessor();
 }
 
 // The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
@@ -1411,7 +1416,9 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
       launch_extra.wgmma_operand_ready = operand_format_of(type);  // built by (or for) that launch
       continue;
     }
-    const MmaArgs a = mma_args(of_type, n, act_q8, n_tokens, launch_extra);
+    MmaArgs a = mma_args(of_type, n, act_q8, n_tokens, launch_extra);
+    // A later type's launch reads the plane the first one reads and writes rows of its own.
+    a.beside_predecessor = extra.types_side_by_side && first > 0;
     const int row_tiles = row_tiles_of(a);
     switch (type) {
       case GgmlType::Q4_K: launch_group<GroupQK45<false>>(a, row_tiles, s); break;
