@@ -970,7 +970,8 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   // The first rounds depend on no earlier kernel: they stream in during its tail.
   if (warp == 0)
     for (int q = 0; q < Ring::kStages && q < my_rounds; ++q) issue(q, 0, q);
-  if (!a.beside_predecessor) await_predecessor();
+  if (a.beside_predecessor) release_dependents();
+  else await_predecessor();
   // Every tile reads the same tokens (one token fragment) and has rows of the same groups.
   const MatSeg& seg = first_seg;
   const DevMat& m = seg.w;
@@ -1033,7 +1034,7 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   // Every round has been read: the read counts are free for the tiles' completions.
   if constexpr (kSwiglu)
     if (a.extra.swiglu_q8_rows > 0) publish_swiglu_tiles(a, tile_items, my_tiles, released);
-  if (a.beside_predecessor) await_predecessor();
+  if (a.beside_predecessor) await_predecessor_before_exit();
 }
 
 // The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
@@ -1405,12 +1406,29 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
   }
   if (n_tokens <= 0 || launch_q4k_q6k(segs, n_segs, act_q8, n_tokens, extra, s)) return;
   MatVecExtra launch_extra = extra;  // its operand_ready follows the image through the launches
+  struct TypeLaunch {
+    int first, n, row_tiles;
+    MatSeg segs[kMaxMatSegs];
+  };
+  TypeLaunch order[kMaxMatSegs];
+  int n_launches = 0;
   bool taken[kMaxMatSegs] = {};
   for (int first = 0; first < n_segs; ++first) {
     if (taken[first]) continue;
-    const GgmlType type = segs[first].w.type;
-    MatSeg of_type[kMaxMatSegs];
-    const int n = segments_of_type(segs, n_segs, first, taken, of_type);
+    TypeLaunch& t = order[n_launches++];
+    t.first = first;
+    t.n = segments_of_type(segs, n_segs, first, taken, t.segs);
+    t.row_tiles = row_tiles_of(mma_args(t.segs, t.n, act_q8, n_tokens, launch_extra));
+  }
+  // Side by side, the type of the fewest row tiles launches first: the later launch's CTAs then
+  // find room beside its few (SCRATCH ordering).
+  if (extra.types_side_by_side && n_tokens <= 8)
+    std::stable_sort(order, order + n_launches, [](const TypeLaunch& x, const TypeLaunch& y) { return x.row_tiles < y.row_tiles; });
+  for (int li = 0; li < n_launches; ++li) {
+    const int first = li;
+    const GgmlType type = order[li].segs[0].w.type;
+    const MatSeg* of_type = order[li].segs;
+    const int n = order[li].n;
     if (matmul_wgmma_takes(of_type, n, n_tokens, launch_extra)) {
       launch_matmul_wgmma(of_type, n, act_q8, n_tokens, launch_extra, s);
       launch_extra.wgmma_operand_ready = operand_format_of(type);  // built by (or for) that launch
