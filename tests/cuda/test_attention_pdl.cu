@@ -181,17 +181,18 @@ __global__ void copy_around_wait(const float* src, float* dst, int n) {
   if constexpr (!kAfterWait) asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
-// A q4_K segment of 32,768 rows (a launch of tens of microseconds) and a q6_K one of 256 rows (the
-// one-tile weight ring) in one decode matmul at one token, a launch a type: with
-// types_side_by_side the q6_K launch runs beside the q4_K one and waits for it only before its CTAs
-// exit, so a kernel launched with PDL after the matmul still copies the q4_K rows complete after
-// its wait, and both segments keep the bits of the launches one after the other. The setup check:
-// a copy made ahead of its wait behind the q4_K launch alone sees rows not yet written.
+// A q6_K segment of 256 rows and a q4_K one of 512 (65,536 columns: launches of tens of
+// microseconds) in one decode matmul at one token, a launch a type: with types_side_by_side the q6_K
+// launch (the fewest row tiles) comes first and the q4_K one (the one-tile weight ring) runs beside
+// it, waiting for it only before its CTAs exit, so a kernel launched with PDL after the matmul
+// still copies the q6_K rows complete after its wait, and both segments keep the bits of the
+// launches one after the other. The setup check: a copy made ahead of its wait behind the q6_K
+// launch alone sees rows not yet written.
 TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
   MINFER_REQUIRE_GPU();
-  const int cols = 2304;
-  const int rows[2] = {32768, 256};
-  const GgmlType types[2] = {GgmlType::Q4_K, GgmlType::Q6_K};
+  const int cols = 65536;
+  const int rows[2] = {256, 512};
+  const GgmlType types[2] = {GgmlType::Q6_K, GgmlType::Q4_K};
   std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
   std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
   cuda::MatSeg segs[2];
@@ -221,7 +222,7 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
   one_after_other.sm_count = side_by_side.sm_count = cuda::DeviceContext(0).sm_count;
   one_after_other.launch_per_type = side_by_side.launch_per_type = true;
   side_by_side.types_side_by_side = true;
-  ASSERT_GT(cuda::matmul_mma_weight_ring_ctas_per_sm(&segs[1], 1, 1, side_by_side), 0) << "the q6_K launch takes the ring";
+  ASSERT_GT(cuda::matmul_mma_weight_ring_ctas_per_sm(&segs[1], 1, 1, side_by_side), 0) << "the q4_K launch takes the ring";
 
   cudaStream_t stream;
   test::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -232,7 +233,7 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
   poison();
   cuda::launch_matmul_mma(segs, 2, plane, 1, one_after_other, cuda::KernelStream(stream));
   test::cuda_ok(cudaStreamSynchronize(stream));
-  const auto want_q4 = out[0]->download(), want_q6 = out[1]->download();
+  const auto want_first = out[0]->download(), want_beside = out[1]->download();
   DeviceBuffer<float> copied{static_cast<size_t>(rows[0])};
   const auto has_nan = [](const std::vector<float>& v) { return std::any_of(v.begin(), v.end(), [](float x) { return std::isnan(x); }); };
   {
@@ -245,7 +246,7 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
       test::cuda_ok(cudaStreamSynchronize(stream));
       caught = has_nan(copied.download());
     }
-    ASSERT_TRUE(caught) << "in 8 tries no copy ahead of the wait saw the q4_K rows unwritten";
+    ASSERT_TRUE(caught) << "in 8 tries no copy ahead of the wait saw the q6_K rows unwritten";
   }
   for (int attempt = 0; attempt < 8; ++attempt) {
     poison();
@@ -253,10 +254,10 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
     cuda::launch_kernel("copy_after_wait", copy_around_wait<true>, dim3(64), dim3(256), 0, cuda::KernelStream(stream, true),
                         static_cast<const float*>(out[0]->get()), copied.get(), rows[0]);
     test::cuda_ok(cudaStreamSynchronize(stream));
-    const auto got_copy = copied.download(), got_q4 = out[0]->download(), got_q6 = out[1]->download();
-    ASSERT_EQ(std::memcmp(got_copy.data(), want_q4.data(), want_q4.size() * 4), 0) << "attempt " << attempt;
-    ASSERT_EQ(std::memcmp(got_q4.data(), want_q4.data(), want_q4.size() * 4), 0) << "attempt " << attempt;
-    ASSERT_EQ(std::memcmp(got_q6.data(), want_q6.data(), want_q6.size() * 4), 0) << "attempt " << attempt;
+    const auto got_copy = copied.download(), got_first = out[0]->download(), got_beside = out[1]->download();
+    ASSERT_EQ(std::memcmp(got_copy.data(), want_first.data(), want_first.size() * 4), 0) << "attempt " << attempt;
+    ASSERT_EQ(std::memcmp(got_first.data(), want_first.data(), want_first.size() * 4), 0) << "attempt " << attempt;
+    ASSERT_EQ(std::memcmp(got_beside.data(), want_beside.data(), want_beside.size() * 4), 0) << "attempt " << attempt;
   }
   test::cuda_ok(cudaStreamDestroy(stream));
 }

@@ -514,8 +514,8 @@ TEST(GpuBackend, EarlyAttentionReadsKeepTheBits) {
 }
 
 // Where the q/k/v matmul launches a weight type at a time (tiny-wide's layer with a q6_K v, with
-// MINFER_NO_TWO_TYPE_DECODE_MATMUL; the 14B's q6_K-v layers by default), the v launch beside q/k's
-// gives the logits of one launch after the other (MINFER_NO_TYPES_SIDE_BY_SIDE).
+// MINFER_NO_TWO_TYPE_DECODE_MATMUL; the 14B's q6_K-v layers by default), v first and q/k beside it
+// give the logits of q/k and then v, one after the other (MINFER_NO_TYPES_SIDE_BY_SIDE).
 TEST(GpuBackend, TypesSideBySideKeepTheBitsOfOneAfterTheOther) {
   MINFER_REQUIRE_GPU();
   setenv("MINFER_NO_TWO_TYPE_DECODE_MATMUL", "1", 1);

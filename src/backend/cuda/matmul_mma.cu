@@ -81,9 +81,10 @@ struct MmaArgs {
   Q8Plane act;
   int n_tokens;
   MatVecExtra extra;
-  // The launch after this matmul's first launch of another weight type (MatVecExtra::
-  // types_side_by_side): it runs beside that launch, waiting for it only before its CTAs exit
-  // (the one-tile weight ring; every other kernel waits first as always).
+  // A launch after this matmul's first launch of another weight type (MatVecExtra::
+  // types_side_by_side): it runs beside that launch, lets the next kernel launch at its start and
+  // waits for the launch before it only before its CTAs exit (the weight rings; every other kernel
+  // waits first as always).
   bool beside_predecessor;
 };
 
@@ -1407,36 +1408,36 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
   if (n_tokens <= 0 || launch_q4k_q6k(segs, n_segs, act_q8, n_tokens, extra, s)) return;
   MatVecExtra launch_extra = extra;  // its operand_ready follows the image through the launches
   struct TypeLaunch {
-    int first, n, row_tiles;
+    int n, row_tiles;
     MatSeg segs[kMaxMatSegs];
   };
-  TypeLaunch order[kMaxMatSegs];
+  TypeLaunch launches[kMaxMatSegs];
   int n_launches = 0;
   bool taken[kMaxMatSegs] = {};
   for (int first = 0; first < n_segs; ++first) {
     if (taken[first]) continue;
-    TypeLaunch& t = order[n_launches++];
-    t.first = first;
+    TypeLaunch& t = launches[n_launches++];
     t.n = segments_of_type(segs, n_segs, first, taken, t.segs);
     t.row_tiles = row_tiles_of(mma_args(t.segs, t.n, act_q8, n_tokens, launch_extra));
   }
-  // Side by side, the type of the fewest row tiles launches first: the later launch's CTAs then
-  // find room beside its few (SCRATCH ordering).
-  if (extra.types_side_by_side && n_tokens <= 8)
-    std::stable_sort(order, order + n_launches, [](const TypeLaunch& x, const TypeLaunch& y) { return x.row_tiles < y.row_tiles; });
+  // Side by side (at one token fragment), the type of the fewest row tiles launches first and the
+  // others beside it: their CTAs find room on the SMs its few CTAs leave (the 14B's 64 q6_K v tiles,
+  // then q/k's 384 beside them: one wave; the other way round v's CTAs found none until q/k's left).
+  const bool side_by_side = extra.types_side_by_side && n_tokens <= 8;
+  if (side_by_side)
+    std::stable_sort(launches, launches + n_launches,
+                     [](const TypeLaunch& x, const TypeLaunch& y) { return x.row_tiles < y.row_tiles; });
   for (int li = 0; li < n_launches; ++li) {
-    const int first = li;
-    const GgmlType type = order[li].segs[0].w.type;
-    const MatSeg* of_type = order[li].segs;
-    const int n = order[li].n;
-    if (matmul_wgmma_takes(of_type, n, n_tokens, launch_extra)) {
-      launch_matmul_wgmma(of_type, n, act_q8, n_tokens, launch_extra, s);
+    const TypeLaunch& t = launches[li];
+    const GgmlType type = t.segs[0].w.type;
+    if (matmul_wgmma_takes(t.segs, t.n, n_tokens, launch_extra)) {
+      launch_matmul_wgmma(t.segs, t.n, act_q8, n_tokens, launch_extra, s);
       launch_extra.wgmma_operand_ready = operand_format_of(type);  // built by (or for) that launch
       continue;
     }
-    MmaArgs a = mma_args(of_type, n, act_q8, n_tokens, launch_extra);
+    MmaArgs a = mma_args(t.segs, t.n, act_q8, n_tokens, launch_extra);
     // A later type's launch reads the plane the first one reads and writes rows of its own.
-    a.beside_predecessor = extra.types_side_by_side && first > 0;
+    a.beside_predecessor = side_by_side && li > 0;
     const int row_tiles = row_tiles_of(a);
     switch (type) {
       case GgmlType::Q4_K: launch_group<GroupQK45<false>>(a, row_tiles, s); break;
