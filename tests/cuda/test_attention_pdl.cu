@@ -1,18 +1,26 @@
+// Decode kernels that work before their PDL wait, against kernels that make such work visible.
 // The decode attention launched with PDL behind the kernel that writes each token's q and its own
 // K/V row (in a decode step, the q/k/v launch): with AttnParams::early_reads the split kernel reads
 // the position, the block table and the older K/V rows before its PDL wait. Here the writer lets
 // the attention launch at once and writes only after a spin, so a read of q or of the own row made
-// ahead of the wait would see the stale bytes the buffers start with.
+// ahead of the wait would see the stale bytes the buffers start with. And a decode matmul's later
+// weight type launched beside its first (MatVecExtra::types_side_by_side), whose successor must
+// still find the first type's rows complete after its wait.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
+#include "backend/cuda/device.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
+#include "prefill_test_data.h"
+#include "quant/quant.h"
 #include "gpu_support.h"
 #include "../support.h"
 #include "util/half.h"
@@ -162,6 +170,95 @@ TEST(GpuKernels, DecodeAttentionReadsQAndTheOwnRowAfterThePdlWait) {
       const auto got = attend(early_reads, true);
       ASSERT_EQ(std::memcmp(got.data(), expected.data(), expected.size() * 4), 0) << "early reads " << early_reads;
     }
+  test::cuda_ok(cudaStreamDestroy(stream));
+}
+
+// n floats from src to dst, before or after the kernel's PDL wait.
+template <bool kAfterWait>
+__global__ void copy_around_wait(const float* src, float* dst, int n) {
+  if constexpr (kAfterWait) asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) dst[i] = src[i];
+  if constexpr (!kAfterWait) asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
+// A q6_K segment of 256 rows and a q4_K one of 512 (65,536 columns: launches of tens of
+// microseconds) in one decode matmul at one token, a launch a type: with types_side_by_side the q6_K
+// launch (the fewest row tiles) comes first and the q4_K one (the one-tile weight ring) runs beside
+// it, waiting for it only before its CTAs exit, so a kernel launched with PDL after the matmul
+// still copies the q6_K rows complete after its wait, and both segments keep the bits of the
+// launches one after the other. The setup check: a copy made ahead of its wait behind the q6_K
+// launch alone sees rows not yet written.
+TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
+  MINFER_REQUIRE_GPU();
+  const int cols = 65536;
+  const int rows[2] = {256, 512};
+  const GgmlType types[2] = {GgmlType::Q6_K, GgmlType::Q4_K};
+  std::vector<std::unique_ptr<DeviceBuffer<uint8_t>>> w;
+  std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
+  cuda::MatSeg segs[2];
+  for (int i = 0; i < 2; ++i) {
+    w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
+        cuda::device_layout(types[i], cols, test::random_weight_rows(types[i], rows[i], cols, 300 + uint64_t(i)))));
+    out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(rows[i])));
+    segs[i].w = {types[i], rows[i], cols, w.back()->get()};
+    segs[i].out = out.back()->get();
+    segs[i].ld_out = rows[i];
+  }
+  std::vector<BlockQ8Pad40> act(size_t(cols / 32));
+  quantize_row_pad40_grouped(test::random_normal(size_t(cols), 1.0f, 310).data(), act.data(), cols);
+  DeviceBuffer<uint8_t> plane_bytes(size_t(cuda::q8_plane_bytes(1, cols)));
+  {
+    std::vector<uint8_t> host(size_t(cuda::q8_plane_bytes(1, cols)));
+    const cuda::Q8Plane h = cuda::q8_plane(host.data(), 1, cols);
+    for (int b = 0; b < cols / 32; ++b) {
+      std::memcpy(h.block_quants(0, b), act[size_t(b)].qs, 32);
+      h.set_sum(0, b, act[size_t(b)].sum);
+      if (b % 8 == 0) *h.scale(0, b / 8) = act[size_t(b)].d;
+    }
+    plane_bytes.upload(host);
+  }
+  const cuda::Q8Plane plane = cuda::q8_plane(plane_bytes.get(), 1, cols);
+  cuda::MatVecExtra one_after_other, side_by_side;
+  one_after_other.sm_count = side_by_side.sm_count = cuda::DeviceContext(0).sm_count;
+  one_after_other.launch_per_type = side_by_side.launch_per_type = true;
+  side_by_side.types_side_by_side = true;
+  ASSERT_GT(cuda::matmul_mma_weight_ring_ctas_per_sm(&segs[1], 1, 1, side_by_side), 0) << "the q4_K launch takes the ring";
+
+  cudaStream_t stream;
+  test::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const auto poison = [&] {
+    for (int i = 0; i < 2; ++i) out[size_t(i)]->upload(std::vector<float>(size_t(rows[i]), NAN));
+    test::cuda_ok(cudaDeviceSynchronize());
+  };
+  poison();
+  cuda::launch_matmul_mma(segs, 2, plane, 1, one_after_other, cuda::KernelStream(stream));
+  test::cuda_ok(cudaStreamSynchronize(stream));
+  const auto want_first = out[0]->download(), want_beside = out[1]->download();
+  DeviceBuffer<float> copied{static_cast<size_t>(rows[0])};
+  const auto has_nan = [](const std::vector<float>& v) { return std::any_of(v.begin(), v.end(), [](float x) { return std::isnan(x); }); };
+  {
+    bool caught = false;
+    for (int attempt = 0; attempt < 8 && !caught; ++attempt) {
+      poison();
+      cuda::launch_matmul_mma(segs, 1, plane, 1, one_after_other, cuda::KernelStream(stream));
+      cuda::launch_kernel("copy_before_wait", copy_around_wait<false>, dim3(64), dim3(256), 0,
+                          cuda::KernelStream(stream, true), static_cast<const float*>(out[0]->get()), copied.get(), rows[0]);
+      test::cuda_ok(cudaStreamSynchronize(stream));
+      caught = has_nan(copied.download());
+    }
+    ASSERT_TRUE(caught) << "in 8 tries no copy ahead of the wait saw the q6_K rows unwritten";
+  }
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    poison();
+    cuda::launch_matmul_mma(segs, 2, plane, 1, side_by_side, cuda::KernelStream(stream, true));
+    cuda::launch_kernel("copy_after_wait", copy_around_wait<true>, dim3(64), dim3(256), 0, cuda::KernelStream(stream, true),
+                        static_cast<const float*>(out[0]->get()), copied.get(), rows[0]);
+    test::cuda_ok(cudaStreamSynchronize(stream));
+    const auto got_copy = copied.download(), got_first = out[0]->download(), got_beside = out[1]->download();
+    ASSERT_EQ(std::memcmp(got_copy.data(), want_first.data(), want_first.size() * 4), 0) << "attempt " << attempt;
+    ASSERT_EQ(std::memcmp(got_first.data(), want_first.data(), want_first.size() * 4), 0) << "attempt " << attempt;
+    ASSERT_EQ(std::memcmp(got_beside.data(), want_beside.data(), want_beside.size() * 4), 0) << "attempt " << attempt;
+  }
   test::cuda_ok(cudaStreamDestroy(stream));
 }
 

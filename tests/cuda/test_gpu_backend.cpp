@@ -513,6 +513,16 @@ TEST(GpuBackend, EarlyAttentionReadsKeepTheBits) {
   for (const char* preset : {"tiny", "qwen2.5-0.5b"}) expect_opt_out_keeps_the_trace(preset, "MINFER_NO_EARLY_ATTENTION_READS");
 }
 
+// Where the q/k/v matmul launches a weight type at a time (tiny-wide's layer with a q6_K v, with
+// MINFER_NO_TWO_TYPE_DECODE_MATMUL; the 14B's q6_K-v layers by default), v first and q/k beside it
+// give the logits of q/k and then v, one after the other (MINFER_NO_TYPES_SIDE_BY_SIDE).
+TEST(GpuBackend, TypesSideBySideKeepTheBitsOfOneAfterTheOther) {
+  MINFER_REQUIRE_GPU();
+  setenv("MINFER_NO_TWO_TYPE_DECODE_MATMUL", "1", 1);
+  expect_opt_out_keeps_the_trace("tiny-wide", "MINFER_NO_TYPES_SIDE_BY_SIDE");
+  unsetenv("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
+}
+
 // qwen2.5-0.5b's down projections (19 groups a row, 56 row tiles) with their weights streamed
 // through the ring in shared memory give the logits of one group in flight
 // (MINFER_NO_TWO_GROUPS_IN_FLIGHT) and of two groups in registers (MINFER_NO_WEIGHT_RING).

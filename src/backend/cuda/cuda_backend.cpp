@@ -121,6 +121,9 @@ struct CudaBackend::Impl {
   // MINFER_NO_TWO_TYPE_DECODE_MATMUL: that matmul launches q/k and a q6_K v apart
   // (MatVecExtra::launch_per_type).
   const bool two_type_decode_matmul = !env_flag("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
+  // MINFER_NO_TYPES_SIDE_BY_SIDE: where that matmul launches a type at a time, the types launch in
+  // their segments' order, each waiting for the one before it first (MatVecExtra::types_side_by_side).
+  const bool types_side_by_side = !env_flag("MINFER_NO_TYPES_SIDE_BY_SIDE");
   // MINFER_NO_TWO_GROUPS_IN_FLIGHT: that matmul keeps one group's weights in flight a warp
   // (MatVecExtra::one_group_in_flight) instead of more where its warps stream several (down, o,
   // the 7B's q/k/v).
@@ -928,6 +931,7 @@ struct CudaBackend::Impl {
     extra.sm_count = ctx.sm_count;
     extra.decode_ctas = persistent_decode_matmul ? 0 : -1;
     extra.launch_per_type = !two_type_decode_matmul;
+    extra.types_side_by_side = types_side_by_side;
     extra.one_group_in_flight = !two_groups_in_flight;
     extra.weights_in_registers = !weight_ring;
     extra.activations_from_global = !shared_activations;

@@ -235,6 +235,11 @@ struct MatVecExtra {
   // The tensor-core decode matmul at one token fragment takes q4_K and q6_K segments (q/k with a
   // q6_K v) in one launch, unless this is set: a launch per type. The same bits.
   bool launch_per_type = false;
+  // Where that matmul launches a weight type at a time at one token fragment, the type of the
+  // fewest row tiles launches first and the others beside it (they read the plane it reads, written
+  // before it passed its PDL wait, and write rows of their own), each waiting for the launch before
+  // it only before its CTAs exit: the 14B's q6_K v, then its q/k. The same bits.
+  bool types_side_by_side = false;
   // The tensor-core decode matmul at one token fragment keeps more than one group's weights in
   // flight a warp where its rows have more groups than the CTA's 8 streams and the row tiles fit
   // one wave at two to four CTAs an SM (down, o, q/k/v), unless this is set: one group.

@@ -25,6 +25,23 @@ __device__ __forceinline__ void await_predecessor() {
 #endif
 }
 
+// For a kernel that reads and writes nothing its predecessor in the stream writes, only what was
+// complete before every CTA of that predecessor passed its own await_predecessor() (which is when a
+// PDL kernel can launch): release_dependents() where await_predecessor() would stand lets the next
+// kernel launch, and await_predecessor_before_exit() keeps every CTA from finishing before the
+// predecessor has, so that the next kernel's wait still covers both.
+__device__ __forceinline__ void release_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void await_predecessor_before_exit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  timeline_waited();
+#endif
+}
+
 template <typename... Params, typename... Args>
 void launch_kernel(const char* name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                    const KernelStream& s, Args&&... args) {

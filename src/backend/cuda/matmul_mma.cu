@@ -81,6 +81,11 @@ struct MmaArgs {
   Q8Plane act;
   int n_tokens;
   MatVecExtra extra;
+  // A launch after this matmul's first launch of another weight type (MatVecExtra::
+  // types_side_by_side): it runs beside that launch, lets the next kernel launch at its start and
+  // waits for the launch before it only before its CTAs exit (the weight rings; every other kernel
+  // waits first as always).
+  bool beside_predecessor;
 };
 
 __device__ __forceinline__ void mma_k32(int (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -966,7 +971,8 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   // The first rounds depend on no earlier kernel: they stream in during its tail.
   if (warp == 0)
     for (int q = 0; q < Ring::kStages && q < my_rounds; ++q) issue(q, 0, q);
-  await_predecessor();
+  if (a.beside_predecessor) release_dependents();
+  else await_predecessor();
   // Every tile reads the same tokens (one token fragment) and has rows of the same groups.
   const MatSeg& seg = first_seg;
   const DevMat& m = seg.w;
@@ -1029,6 +1035,7 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   // Every round has been read: the read counts are free for the tiles' completions.
   if constexpr (kSwiglu)
     if (a.extra.swiglu_q8_rows > 0) publish_swiglu_tiles(a, tile_items, my_tiles, released);
+  if (a.beside_predecessor) await_predecessor_before_exit();
 }
 
 // The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
@@ -1400,18 +1407,37 @@ void launch_matmul_mma(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, in
   }
   if (n_tokens <= 0 || launch_q4k_q6k(segs, n_segs, act_q8, n_tokens, extra, s)) return;
   MatVecExtra launch_extra = extra;  // its operand_ready follows the image through the launches
+  struct TypeLaunch {
+    int n, row_tiles;
+    MatSeg segs[kMaxMatSegs];
+  };
+  TypeLaunch launches[kMaxMatSegs];
+  int n_launches = 0;
   bool taken[kMaxMatSegs] = {};
   for (int first = 0; first < n_segs; ++first) {
     if (taken[first]) continue;
-    const GgmlType type = segs[first].w.type;
-    MatSeg of_type[kMaxMatSegs];
-    const int n = segments_of_type(segs, n_segs, first, taken, of_type);
-    if (matmul_wgmma_takes(of_type, n, n_tokens, launch_extra)) {
-      launch_matmul_wgmma(of_type, n, act_q8, n_tokens, launch_extra, s);
+    TypeLaunch& t = launches[n_launches++];
+    t.n = segments_of_type(segs, n_segs, first, taken, t.segs);
+    t.row_tiles = row_tiles_of(mma_args(t.segs, t.n, act_q8, n_tokens, launch_extra));
+  }
+  // Side by side (at one token fragment), the type of the fewest row tiles launches first and the
+  // others beside it: their CTAs find room on the SMs its few CTAs leave (the 14B's 64 q6_K v tiles,
+  // then q/k's 384 beside them: one wave; the other way round v's CTAs found none until q/k's left).
+  const bool side_by_side = extra.types_side_by_side && n_tokens <= 8;
+  if (side_by_side)
+    std::stable_sort(launches, launches + n_launches,
+                     [](const TypeLaunch& x, const TypeLaunch& y) { return x.row_tiles < y.row_tiles; });
+  for (int li = 0; li < n_launches; ++li) {
+    const TypeLaunch& t = launches[li];
+    const GgmlType type = t.segs[0].w.type;
+    if (matmul_wgmma_takes(t.segs, t.n, n_tokens, launch_extra)) {
+      launch_matmul_wgmma(t.segs, t.n, act_q8, n_tokens, launch_extra, s);
       launch_extra.wgmma_operand_ready = operand_format_of(type);  // built by (or for) that launch
       continue;
     }
-    const MmaArgs a = mma_args(of_type, n, act_q8, n_tokens, launch_extra);
+    MmaArgs a = mma_args(t.segs, t.n, act_q8, n_tokens, launch_extra);
+    // A later type's launch reads the plane the first one reads and writes rows of its own.
+    a.beside_predecessor = side_by_side && li > 0;
     const int row_tiles = row_tiles_of(a);
     switch (type) {
       case GgmlType::Q4_K: launch_group<GroupQK45<false>>(a, row_tiles, s); break;
