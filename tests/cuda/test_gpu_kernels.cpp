@@ -987,8 +987,8 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
 // q/k in q4_K with a q6_K v in one launch at one token fragment (each row tile its own type's
 // code) gives the bits of a launch per type: segments of 512 and 256 q4_K rows and 256 q6_K rows
 // with bias and residual, 1, 5 and 8 tokens; the register kernel with a CTA a tile and with 3 CTAs
-// walking both types' tiles, and both types' weight rings at three and four CTAs an SM (64 row
-// tiles on 22 and 16 SMs).
+// walking both types' tiles, both types' weight rings at three CTAs an SM (64 row tiles on 22
+// SMs), and on 16 SMs (one wave of neither) a launch per type.
 TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   const int cols = 3584, max_tokens = 8;
@@ -1018,7 +1018,7 @@ TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
   cuda::MatVecExtra per_type;
   per_type.launch_per_type = true;
   struct Arm { int decode_ctas, sm_count; bool register_kernel; int ring_ctas_per_sm; };
-  for (const Arm arm : {Arm{0, 0, false, 0}, Arm{3, 0, false, 0}, Arm{0, 22, false, 3}, Arm{0, 16, false, 4},
+  for (const Arm arm : {Arm{0, 0, false, 0}, Arm{3, 0, false, 0}, Arm{0, 22, false, 3}, Arm{0, 16, false, 0},
                         Arm{0, 22, true, 0}})
     for (int n : {1, 5, 8}) {
       cuda::MatVecExtra together;
@@ -1039,14 +1039,14 @@ TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
 }
 
 // Which q/k/v launches take both types' weight rings on 132 SMs (the H100's and the H200's): the
-// 7B's (288 row tiles) at three CTAs an SM, the 14B's (448) at four, where q6_K's two stages and a
-// reduction buffer of its own would not fit; tiny-wide's (9 groups a row), whose trace the backend
-// test compares, at three; rows of 8 groups (2,048 columns) and a q5_K q/k not at all.
+// 7B's (288 row tiles) at three CTAs an SM and tiny-wide's (9 groups a row), whose trace the
+// backend test compares; not the 14B's (448: one wave only at four, where it lost to v and q/k side
+// by side), rows of 8 groups (2,048 columns) or a q5_K q/k.
 TEST(GpuKernels, TwoTypeWeightRingTakesTheQkvLaunchesOfQ4KM) {
   MINFER_REQUIRE_GPU();
   alignas(16) static uint8_t weights[16];  // the choice reads only the rows' alignment
   struct Shape { const char* what; int cols, q_rows, kv_rows; GgmlType qk; int ring_ctas_per_sm; };
-  for (const Shape& c : {Shape{"7B", 3584, 3584, 512, GgmlType::Q4_K, 3}, Shape{"14B", 5120, 5120, 1024, GgmlType::Q4_K, 4},
+  for (const Shape& c : {Shape{"7B", 3584, 3584, 512, GgmlType::Q4_K, 3}, Shape{"14B", 5120, 5120, 1024, GgmlType::Q4_K, 0},
                          Shape{"tiny-wide", 2304, 2304, 256, GgmlType::Q4_K, 3},
                          Shape{"8 groups", 2048, 2048, 256, GgmlType::Q4_K, 0},
                          Shape{"q5_K q/k", 3584, 3584, 512, GgmlType::Q5_K, 0}}) {

@@ -1051,11 +1051,12 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
 
 // One launch of q4_K and q6_K segments (q/k with a q6_K v, llama.cpp's Q4_K_M mix) through the
 // weight ring, one row tile a CTA, each CTA running its tile's type's ring: one wave at CtasPerSm
-// CTAs an SM where a launch per type paid a second launch (the 14B's 24 q6_K-v layers: q/k/v 15.0
-// µs a layer against 11.3 in its q4_K-v layers' one ring launch, docs/13 §3) or the register
-// kernel (the 7B's: 7.8 µs against 6.1). The shared memory is the larger type's ring with the
-// reduction buffer in its first stage (at four CTAs an SM q6_K's two stages and a separate buffer
-// would not fit); the registers are the larger type's (at four, 64: q6_K spills a few bytes).
+// CTAs an SM where the register kernel took them (the 7B's q6_K-v layers: q/k/v 7.8 µs a layer
+// against 6.1 in its q4_K-v layers' ring, docs/13 §3; +0.3 % at depth 0, +1.1 % at 16384 on an
+// H100). The shared memory is the larger type's ring, with the reduction buffer in its first stage
+// (a barrier more), the form that also fits four CTAs an SM; at four (the 14B's 448 tiles, q6_K
+// spilling 16 bytes at 64 registers) it lost to v and q/k side by side, so only three is taken
+// (two_type_ring_ctas_per_sm).
 // REQUIRES: as matmul_mma_weight_ring_kernel with one tile a CTA, for both types' rings (each
 // segment's map at its type's pitch); every segment q4_K or q6_K, all of the same cols; dynamic
 // shared memory of two_type_ring_bytes.
@@ -1369,18 +1370,17 @@ bool two_type_ring_fits(const MmaArgs& a, int row_tiles) {
          CtasPerSm * (two_type_ring_bytes<CtasPerSm>(most_groups(a)) + 1024) <=
              prefill_detail::device_shared_memory_per_sm();
 }
-// The CTAs an SM (3 or 4, the fewest whose one wave holds the row tiles) at which q4_K and q6_K
-// segments of one token fragment take matmul_mma_weight_ring_q4k_q6k_kernel; 0 where they do not:
+// The CTAs an SM (3, where one wave of them holds the row tiles) at which q4_K and q6_K segments of
+// one token fragment take matmul_mma_weight_ring_q4k_q6k_kernel; 0 where they do not:
 // MatVecExtra::two_type_register_kernel, weights_in_registers or launch_per_type, rows of 8 groups
-// or fewer, of unlike cols, or not aligned for the ring's copies.
+// or fewer, of unlike cols, or not aligned for the ring's copies. (At four, the 14B's q/k/v ran
+// −0.2 % at depth 0 and −0.9 % at 16384 against v and q/k side by side: sixty-third session.)
 int two_type_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
   if (a.extra.two_type_register_kernel || a.extra.weights_in_registers || a.extra.launch_per_type) return 0;
   if (a.n_tokens > 8 || !same_cols(a) || !ring_rows_aligned(a)) return 0;
   for (int i = 0; i < a.n_segs; ++i)
     if (a.seg[i].w.type != GgmlType::Q4_K && a.seg[i].w.type != GgmlType::Q6_K) return 0;
-  if (two_type_ring_fits<3>(a, row_tiles)) return 3;
-  if (two_type_ring_fits<4>(a, row_tiles)) return 4;
-  return 0;
+  return two_type_ring_fits<3>(a, row_tiles) ? 3 : 0;
 }
 template <int CtasPerSm>
 void launch_weight_ring_q4k_q6k(const MmaArgs& a, int row_tiles, const KernelStream& s) {
@@ -1396,10 +1396,10 @@ void launch_weight_ring_q4k_q6k(const MmaArgs& a, int row_tiles, const KernelStr
 
 // The q4_K + q6_K launch for these segments at one token fragment, if it takes them: q4_K and q6_K,
 // nothing else, MatVecExtra::launch_per_type unset; the weight ring of both types where it takes
-// them (two_type_ring_ctas_per_sm: the 7B's 288 row tiles at three CTAs an SM, the 14B's 448 at
-// four), else the register kernel where the row tiles fit one wave of its CTAs (the 14B's left a
-// second round of tiles, a 6.8 µs tail, docs/13 §2: there q/k take their own launch, the weight
-// ring, and v another). (q5_K with q6_K spilled 56 bytes.)
+// them (two_type_ring_ctas_per_sm: the 7B's 288 row tiles at three CTAs an SM), else the register
+// kernel where the row tiles fit one wave of its CTAs (the 14B's 448 left a second round of tiles,
+// a 6.8 µs tail, docs/13 §2: there q/k take their own launch, the weight ring, and v another, side
+// by side). (q5_K with q6_K spilled 56 bytes.)
 bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                     const KernelStream& s) {
   if (n_tokens > 8 || extra.launch_per_type) return false;
@@ -1412,10 +1412,9 @@ bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n
   if (!q4k || !q6k) return false;
   const MmaArgs a = mma_args(segs, n_segs, act_q8, n_tokens, extra);
   const int row_tiles = row_tiles_of(a);
-  switch (two_type_ring_ctas_per_sm(a, row_tiles)) {
-    case 3: launch_weight_ring_q4k_q6k<3>(a, row_tiles, s); return true;
-    case 4: launch_weight_ring_q4k_q6k<4>(a, row_tiles, s); return true;
-    default: break;
+  if (two_type_ring_ctas_per_sm(a, row_tiles) == 3) {
+    launch_weight_ring_q4k_q6k<3>(a, row_tiles, s);
+    return true;
   }
   if (extra.sm_count > 0 && row_tiles > kCtasPerSm<1> * extra.sm_count) return false;
   launch_mma<1>(matmul_mma_q4k_q6k_kernel, a, one_fragment_ctas<GroupQ6K>(row_tiles, extra), s);
