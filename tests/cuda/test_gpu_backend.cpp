@@ -506,6 +506,15 @@ TEST(GpuBackend, TwoTypeDecodeMatmulKeepsTheBitsOfALaunchPerType) {
   expect_opt_out_keeps_the_trace("tiny-llama3", "MINFER_NO_TWO_TYPE_DECODE_MATMUL");
 }
 
+// q/k in q4_K and a q6_K v through both types' weight rings in one launch (tiny-wide's layer with a
+// q6_K v: 9 groups a row, rope and the KV write in the epilogue; the choice itself:
+// GpuKernels.TwoTypeWeightRingTakesTheQkvLaunchesOfQ4KM) give the logits of the register kernel
+// (MINFER_NO_TWO_TYPE_WEIGHT_RING).
+TEST(GpuBackend, TwoTypeWeightRingKeepsTheBitsOfTheRegisterKernel) {
+  MINFER_REQUIRE_GPU();
+  expect_opt_out_keeps_the_trace("tiny-wide", "MINFER_NO_TWO_TYPE_WEIGHT_RING");
+}
+
 // The decode attention reading positions, block tables and the older K/V rows before its PDL wait
 // gives the logits of reading everything after it (MINFER_NO_EARLY_ATTENTION_READS).
 TEST(GpuBackend, EarlyAttentionReadsKeepTheBits) {

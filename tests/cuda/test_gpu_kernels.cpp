@@ -986,7 +986,9 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
 
 // q/k in q4_K with a q6_K v in one launch at one token fragment (each row tile its own type's
 // code) gives the bits of a launch per type: segments of 512 and 256 q4_K rows and 256 q6_K rows
-// with bias and residual, 1, 5 and 8 tokens, a CTA a tile and 3 CTAs walking both types' tiles.
+// with bias and residual, 1, 5 and 8 tokens; the register kernel with a CTA a tile and with 3 CTAs
+// walking both types' tiles, both types' weight rings at three CTAs an SM (64 row tiles on 22
+// SMs), and on 16 SMs (one wave of neither) a launch per type.
 TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
   MINFER_REQUIRE_GPU();
   const int cols = 3584, max_tokens = 8;
@@ -1015,18 +1017,52 @@ TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
                     max_tokens, cols);
   cuda::MatVecExtra per_type;
   per_type.launch_per_type = true;
-  for (int ctas : {0, 3})
+  struct Arm { int decode_ctas, sm_count; bool register_kernel; int ring_ctas_per_sm; };
+  for (const Arm arm : {Arm{0, 0, false, 0}, Arm{3, 0, false, 0}, Arm{0, 22, false, 3}, Arm{0, 16, false, 0},
+                        Arm{0, 22, true, 0}})
     for (int n : {1, 5, 8}) {
       cuda::MatVecExtra together;
-      together.decode_ctas = ctas;
+      together.decode_ctas = arm.decode_ctas;
+      together.sm_count = arm.sm_count;
+      together.two_type_register_kernel = arm.register_kernel;
+      const std::string what = "tokens " + std::to_string(n) + ", ctas " + std::to_string(arm.decode_ctas) + ", " +
+                               std::to_string(arm.sm_count) + " SMs" + (arm.register_kernel ? ", registers" : "");
+      ASSERT_EQ(cuda::matmul_mma_two_type_ring_ctas_per_sm(segs[0], 3, n, together), arm.ring_ctas_per_sm) << what;
       cuda::launch_matmul_mma(segs[0], 3, plane.plane, n, together, nullptr);
       cuda::launch_matmul_mma(segs[1], 3, plane.plane, n, per_type, nullptr);
       for (int i = 0; i < 3; ++i) {
         const auto a = out[0][size_t(i)]->download(), b = out[1][size_t(i)]->download();
         ASSERT_EQ(std::memcmp(a.data(), b.data(), size_t(n) * size_t(parts[i].rows) * 4), 0)
-            << "tokens " << n << ", ctas " << ctas << ", segment " << i;
+            << what << ", segment " << i;
       }
     }
+}
+
+// Which q/k/v launches take both types' weight rings on 132 SMs (the H100's and the H200's): the
+// 7B's (288 row tiles) at three CTAs an SM and tiny-wide's (9 groups a row), whose trace the
+// backend test compares; not the 14B's (448: one wave only at four, where it lost to v and q/k side
+// by side), rows of 8 groups (2,048 columns) or a q5_K q/k.
+TEST(GpuKernels, TwoTypeWeightRingTakesTheQkvLaunchesOfQ4KM) {
+  MINFER_REQUIRE_GPU();
+  alignas(16) static uint8_t weights[16];  // the choice reads only the rows' alignment
+  struct Shape { const char* what; int cols, q_rows, kv_rows; GgmlType qk; int ring_ctas_per_sm; };
+  for (const Shape& c : {Shape{"7B", 3584, 3584, 512, GgmlType::Q4_K, 3}, Shape{"14B", 5120, 5120, 1024, GgmlType::Q4_K, 0},
+                         Shape{"tiny-wide", 2304, 2304, 256, GgmlType::Q4_K, 3},
+                         Shape{"8 groups", 2048, 2048, 256, GgmlType::Q4_K, 0},
+                         Shape{"q5_K q/k", 3584, 3584, 512, GgmlType::Q5_K, 0}}) {
+    cuda::MatSeg segs[3];
+    const int rows[3] = {c.q_rows, c.kv_rows, c.kv_rows};
+    const cuda::Epilogue epi[3] = {cuda::Epilogue::RopeQ, cuda::Epilogue::RopeK, cuda::Epilogue::StoreV};
+    for (int i = 0; i < 3; ++i) {
+      segs[i].w = {i < 2 ? c.qk : GgmlType::Q6_K, rows[i], c.cols, weights};
+      segs[i].epi = epi[i];
+    }
+    cuda::MatVecExtra extra;
+    extra.sm_count = 132;
+    EXPECT_EQ(cuda::matmul_mma_two_type_ring_ctas_per_sm(segs, 3, 1, extra), c.ring_ctas_per_sm) << c.what;
+    extra.two_type_register_kernel = true;
+    EXPECT_EQ(cuda::matmul_mma_two_type_ring_ctas_per_sm(segs, 3, 1, extra), 0) << c.what << ", registers";
+  }
 }
 
 // The warpgroup-MMA kernel's f32 sums are exact only while every partial sum stays below 2^24.

@@ -121,6 +121,10 @@ struct CudaBackend::Impl {
   // MINFER_NO_TWO_TYPE_DECODE_MATMUL: that matmul launches q/k and a q6_K v apart
   // (MatVecExtra::launch_per_type).
   const bool two_type_decode_matmul = !env_flag("MINFER_NO_TWO_TYPE_DECODE_MATMUL");
+  // MINFER_NO_TWO_TYPE_WEIGHT_RING: that launch runs the register kernel (where its row tiles fit
+  // one wave of it, else a launch per type) instead of both types' weight rings
+  // (MatVecExtra::two_type_register_kernel).
+  const bool two_type_weight_ring = !env_flag("MINFER_NO_TWO_TYPE_WEIGHT_RING");
   // MINFER_NO_TYPES_SIDE_BY_SIDE: where that matmul launches a type at a time, the types launch in
   // their segments' order, each waiting for the one before it first (MatVecExtra::types_side_by_side).
   const bool types_side_by_side = !env_flag("MINFER_NO_TYPES_SIDE_BY_SIDE");
@@ -931,6 +935,7 @@ struct CudaBackend::Impl {
     extra.sm_count = ctx.sm_count;
     extra.decode_ctas = persistent_decode_matmul ? 0 : -1;
     extra.launch_per_type = !two_type_decode_matmul;
+    extra.two_type_register_kernel = !two_type_weight_ring;
     extra.types_side_by_side = types_side_by_side;
     extra.one_group_in_flight = !two_groups_in_flight;
     extra.weights_in_registers = !weight_ring;

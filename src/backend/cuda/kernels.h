@@ -235,6 +235,11 @@ struct MatVecExtra {
   // The tensor-core decode matmul at one token fragment takes q4_K and q6_K segments (q/k with a
   // q6_K v) in one launch, unless this is set: a launch per type. The same bits.
   bool launch_per_type = false;
+  // That launch streams both types' weights through the weight ring, one row tile a CTA running its
+  // type's ring (matmul_mma_weight_ring_q4k_q6k_kernel, one wave at three CTAs an SM, rows of
+  // more than 8 groups), unless this is set: the register kernel where its row tiles fit one wave
+  // at three CTAs an SM, else a launch per type. The same bits.
+  bool two_type_register_kernel = false;
   // Where that matmul launches a weight type at a time at one token fragment, the type of the
   // fewest row tiles launches first and the others beside it (they read the plane it reads, written
   // before it passed its PDL wait, and write rows of their own), each waiting for the launch before
@@ -314,6 +319,9 @@ bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_token
 // tokens) with their weights through a ring in shared memory (MatVecExtra::weights_in_registers);
 // 0 where it does not.
 int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
+// The CTAs an SM (3) at which launch_matmul_mma runs q4_K and q6_K segments (<= 8 tokens) in
+// one launch of the weight ring (MatVecExtra::two_type_register_kernel); 0 where it does not.
+int matmul_mma_two_type_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra);
 // Whether launch_matmul_mma runs these segments (one k-quant type, <= 8 tokens) with their weights
 // through a ring in shared memory over several row tiles a CTA (gate/up;
 // MatVecExtra::weights_in_registers).

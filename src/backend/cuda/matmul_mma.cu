@@ -888,14 +888,16 @@ struct RingCopyMaps {
 // Ring::over_tiles_bytes(groups, the most tiles a CTA takes) for several; every
 // row holds whole groups and starts 16-byte aligned, its bytes a multiple of 16 (the device layout:
 // no copy reads past a row).
-template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false, bool kOneToken = false>
-__global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
-    matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a, const __grid_constant__ RingCopyMaps maps) {
+// The body of that kernel (and of matmul_mma_weight_ring_q4k_q6k_kernel's CTAs): red is the join's
+// reduction buffer; kRedInStages: red lies in the first stage, written only once every warp has read
+// its last group (a barrier more; every round copied has landed by then).
+template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu, bool kOneToken, bool kRedInStages = false>
+__device__ __forceinline__ void weight_ring_cta(const MmaArgs& a, const RingCopyMaps& maps, float* red,
+                                                uint8_t* ring_stages) {
   static_assert(!kSwiglu || kSeveralTiles, "the swiglu epilogue is the ring over tiles'");
-  MINFER_TIMELINE_PROBE();
   using Ring = WeightRing<Group, CtasPerSm>;
-  __shared__ float red[kReduceFloats<1>];
-  extern __shared__ __align__(128) uint8_t ring_stages[];
+  static_assert(!kRedInStages || (!kSeveralTiles && kReduceFloats<1> * 4 <= Ring::kStageBytes),
+                "red in the stages: one tile a CTA, red within the first stage");
   // The CTA's k-th row tile (tile blockIdx.x + k gridDim.x) and its round r are the CTA's round
   // q = k n_rounds + r.
   const auto item_of = [&](int k) {
@@ -1022,6 +1024,7 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
           acc[0][2] = __fadd_rn(acc[0][2], t.z), acc[0][3] = __fadd_rn(acc[0][3], t.w);
         }
     }
+    if constexpr (kRedInStages) __syncthreads();  // every warp past its last group's stage
     if (warp < kWarps) streams_to_red<1>(acc, red);
     __syncthreads();
     if constexpr (kSwiglu)
@@ -1036,6 +1039,40 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
   if constexpr (kSwiglu)
     if (a.extra.swiglu_q8_rows > 0) publish_swiglu_tiles(a, tile_items, my_tiles, released);
   if (a.beside_predecessor) await_predecessor_before_exit();
+}
+template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu = false, bool kOneToken = false>
+__global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, CtasPerSm)
+    matmul_mma_weight_ring_kernel(const __grid_constant__ MmaArgs a, const __grid_constant__ RingCopyMaps maps) {
+  MINFER_TIMELINE_PROBE();
+  __shared__ float red[kReduceFloats<1>];
+  extern __shared__ __align__(128) uint8_t ring_stages[];
+  weight_ring_cta<Group, CtasPerSm, kSeveralTiles, kSwiglu, kOneToken>(a, maps, red, ring_stages);
+}
+
+// One launch of q4_K and q6_K segments (q/k with a q6_K v, llama.cpp's Q4_K_M mix) through the
+// weight ring, one row tile a CTA, each CTA running its tile's type's ring: one wave at CtasPerSm
+// CTAs an SM where the register kernel took them (the 7B's q6_K-v layers: q/k/v 7.8 µs a layer
+// against 6.1 in its q4_K-v layers' ring, docs/13 §3; +0.3 % at depth 0, +1.1 % at 16384 on an
+// H100). The shared memory is the larger type's ring, with the reduction buffer in its first stage
+// (a barrier more), the form that also fits four CTAs an SM; at four (the 14B's 448 tiles, q6_K
+// spilling 16 bytes at 64 registers) it lost to v and q/k side by side, so only three is taken
+// (two_type_ring_ctas_per_sm).
+// REQUIRES: as matmul_mma_weight_ring_kernel with one tile a CTA, for both types' rings (each
+// segment's map at its type's pitch); every segment q4_K or q6_K, all of the same cols; dynamic
+// shared memory of two_type_ring_bytes.
+template <int CtasPerSm, bool kOneToken>
+__global__ void __launch_bounds__(kThreads, CtasPerSm)
+    matmul_mma_weight_ring_q4k_q6k_kernel(const __grid_constant__ MmaArgs a, const __grid_constant__ RingCopyMaps maps) {
+  static_assert(WeightRing<GroupQ6K, CtasPerSm>::kThreadsACta == kThreads &&
+                    WeightRing<GroupQK45<false>, CtasPerSm>::kThreadsACta == kThreads,
+                "both rings' CTAs are the 8 streams");
+  MINFER_TIMELINE_PROBE();
+  extern __shared__ __align__(128) uint8_t ring_stages[];
+  float* red = reinterpret_cast<float*>(ring_stages);
+  if (a.seg[item_at<1>(a, int(blockIdx.x)).si].w.type == GgmlType::Q6_K)
+    weight_ring_cta<GroupQ6K, CtasPerSm, false, false, kOneToken, true>(a, maps, red, ring_stages);
+  else
+    weight_ring_cta<GroupQK45<false>, CtasPerSm, false, false, kOneToken, true>(a, maps, red, ring_stages);
 }
 
 // The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
@@ -1198,11 +1235,8 @@ bool ring_tensor_copies(const MmaArgs& a) {
   }
   return true;
 }
-template <typename Group, int CtasPerSm>
-RingCopyMaps ring_copy_maps(const MmaArgs& a) {
-  using Ring = WeightRing<Group, CtasPerSm>;
-  static_assert(Ring::kPitch % 16 == 0 && Ring::kPitch / 8 <= 256 && 8 * Ring::kPitch % 128 == 0,
-                "a half tile's box: whole 8-byte elements, at most 256 of them, landing 128-byte aligned");
+// Each segment's map at its ring's pitch (pitch[i]: segment i's).
+RingCopyMaps ring_copy_maps_at(const MmaArgs& a, const int (&pitch)[kMaxMatSegs]) {
   RingCopyMaps maps{};
   maps.on = ring_tensor_copies(a);
   if (!maps.on) return maps;
@@ -1211,9 +1245,22 @@ RingCopyMaps ring_copy_maps(const MmaArgs& a) {
     const uint64_t row_bytes = uint64_t(device_row_bytes(m.type, m.cols));
     maps.seg[i] = prefill_detail::tensor_map_2d("decode matmul (weight ring)", "MINFER_NO_RING_TENSOR_COPIES",
                                                 CU_TENSOR_MAP_DATA_TYPE_UINT64, m.data, row_bytes / 8, uint64_t(m.rows),
-                                                row_bytes, uint32_t(Ring::kPitch / 8), 8);
+                                                row_bytes, uint32_t(pitch[i] / 8), 8);
   }
   return maps;
+}
+template <typename Group, int CtasPerSm>
+constexpr int ring_box_pitch() {
+  constexpr int kPitch = WeightRing<Group, CtasPerSm>::kPitch;
+  static_assert(kPitch % 16 == 0 && kPitch / 8 <= 256 && 8 * kPitch % 128 == 0,
+                "a half tile's box: whole 8-byte elements, at most 256 of them, landing 128-byte aligned");
+  return kPitch;
+}
+template <typename Group, int CtasPerSm>
+RingCopyMaps ring_copy_maps(const MmaArgs& a) {
+  int pitch[kMaxMatSegs];
+  for (int& p : pitch) p = ring_box_pitch<Group, CtasPerSm>();
+  return ring_copy_maps_at(a, pitch);
 }
 template <typename Group, int CtasPerSm>
 void launch_weight_ring(const MmaArgs& a, int row_tiles, const KernelStream& s) {
@@ -1311,10 +1358,48 @@ MmaArgs mma_args(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_to
 }
 int row_tiles_of(const MmaArgs& a) { return a.first_block[a.n_segs]; }
 
+// The q4_K + q6_K weight ring's dynamic shared memory: the larger type's ring (the reduction
+// buffer lies in its first stage).
+template <int CtasPerSm>
+int two_type_ring_bytes(int groups) {
+  return std::max(WeightRing<GroupQK45<false>, CtasPerSm>::bytes(groups), WeightRing<GroupQ6K, CtasPerSm>::bytes(groups));
+}
+template <int CtasPerSm>
+bool two_type_ring_fits(const MmaArgs& a, int row_tiles) {
+  return one_wave_of_many_groups(a, row_tiles, CtasPerSm, kWarps) &&
+         CtasPerSm * (two_type_ring_bytes<CtasPerSm>(most_groups(a)) + 1024) <=
+             prefill_detail::device_shared_memory_per_sm();
+}
+// The CTAs an SM (3, where one wave of them holds the row tiles) at which q4_K and q6_K segments of
+// one token fragment take matmul_mma_weight_ring_q4k_q6k_kernel; 0 where they do not:
+// MatVecExtra::two_type_register_kernel, weights_in_registers or launch_per_type, rows of 8 groups
+// or fewer, of unlike cols, or not aligned for the ring's copies. (At four, the 14B's q/k/v ran
+// −0.2 % at depth 0 and −0.9 % at 16384 against v and q/k side by side: sixty-third session.)
+int two_type_ring_ctas_per_sm(const MmaArgs& a, int row_tiles) {
+  if (a.extra.two_type_register_kernel || a.extra.weights_in_registers || a.extra.launch_per_type) return 0;
+  if (a.n_tokens > 8 || !same_cols(a) || !ring_rows_aligned(a)) return 0;
+  for (int i = 0; i < a.n_segs; ++i)
+    if (a.seg[i].w.type != GgmlType::Q4_K && a.seg[i].w.type != GgmlType::Q6_K) return 0;
+  return two_type_ring_fits<3>(a, row_tiles) ? 3 : 0;
+}
+template <int CtasPerSm>
+void launch_weight_ring_q4k_q6k(const MmaArgs& a, int row_tiles, const KernelStream& s) {
+  int pitch[kMaxMatSegs] = {};
+  for (int i = 0; i < a.n_segs; ++i)
+    pitch[i] = a.seg[i].w.type == GgmlType::Q6_K ? ring_box_pitch<GroupQ6K, CtasPerSm>()
+                                                  : ring_box_pitch<GroupQK45<false>, CtasPerSm>();
+  launch_mma<1>(one_token_form(a) ? matmul_mma_weight_ring_q4k_q6k_kernel<CtasPerSm, true>
+                                  : matmul_mma_weight_ring_q4k_q6k_kernel<CtasPerSm, false>,
+                a, row_tiles, s, CtasPerSm, two_type_ring_bytes<CtasPerSm>(most_groups(a)), kThreads,
+                ring_copy_maps_at(a, pitch));
+}
+
 // The q4_K + q6_K launch for these segments at one token fragment, if it takes them: q4_K and q6_K,
-// nothing else, MatVecExtra::launch_per_type unset, and row tiles that fit one wave of its CTAs
-// (the 7B's 288 do; the 14B's 448 left a second round of tiles, a 6.8 µs tail, docs/13 §2: there
-// q/k take their own launch, the weight ring, and v another). (q5_K with q6_K spilled 56 bytes.)
+// nothing else, MatVecExtra::launch_per_type unset; the weight ring of both types where it takes
+// them (two_type_ring_ctas_per_sm: the 7B's 288 row tiles at three CTAs an SM), else the register
+// kernel where the row tiles fit one wave of its CTAs (the 14B's 448 left a second round of tiles,
+// a 6.8 µs tail, docs/13 §2: there q/k take their own launch, the weight ring, and v another, side
+// by side). (q5_K with q6_K spilled 56 bytes.)
 bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_tokens, const MatVecExtra& extra,
                     const KernelStream& s) {
   if (n_tokens > 8 || extra.launch_per_type) return false;
@@ -1326,8 +1411,13 @@ bool launch_q4k_q6k(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n
   }
   if (!q4k || !q6k) return false;
   const MmaArgs a = mma_args(segs, n_segs, act_q8, n_tokens, extra);
-  if (extra.sm_count > 0 && row_tiles_of(a) > kCtasPerSm<1> * extra.sm_count) return false;
-  launch_mma<1>(matmul_mma_q4k_q6k_kernel, a, one_fragment_ctas<GroupQ6K>(row_tiles_of(a), extra), s);
+  const int row_tiles = row_tiles_of(a);
+  if (two_type_ring_ctas_per_sm(a, row_tiles) == 3) {
+    launch_weight_ring_q4k_q6k<3>(a, row_tiles, s);
+    return true;
+  }
+  if (extra.sm_count > 0 && row_tiles > kCtasPerSm<1> * extra.sm_count) return false;
+  launch_mma<1>(matmul_mma_q4k_q6k_kernel, a, one_fragment_ctas<GroupQ6K>(row_tiles, extra), s);
   return true;
 }
 
@@ -1370,6 +1460,12 @@ OperandFormat matmul_mma_operand_format(const MatSeg* segs, int n_segs, int n_to
 
 bool matmul_mma_two_groups_in_flight(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
   return one_fragment_choice_of(segs, n_segs, n_tokens, extra).kernel == OneFragmentKernel::TwoGroupsInRegisters;
+}
+
+int matmul_mma_two_type_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
+  if (n_segs < 1 || n_segs > kMaxMatSegs || n_tokens < 1) return 0;
+  const MmaArgs a = mma_args(segs, n_segs, Q8Plane{}, n_tokens, extra);
+  return two_type_ring_ctas_per_sm(a, row_tiles_of(a));
 }
 
 int matmul_mma_weight_ring_ctas_per_sm(const MatSeg* segs, int n_segs, int n_tokens, const MatVecExtra& extra) {
