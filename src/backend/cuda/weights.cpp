@@ -116,9 +116,14 @@ void copy_rows_to_device_layout(GgmlType t, int64_t cols, const uint8_t* src, in
   }
   const TypeTraits& tt = type_traits(t);  // q6_K: padded blocks, then the row's padding
   const int64_t blocks = cols / tt.block_size;
+  const size_t pad = size_t(kQ6KDeviceBlockBytes) - tt.type_size, blocks_bytes = size_t(blocks) * kQ6KDeviceBlockBytes;
   for (int64_t r = 0; r < n_rows; ++r, src += src_row, dst += dst_row) {
-    std::memset(dst, 0, dst_row);
-    for (int64_t b = 0; b < blocks; ++b) std::memcpy(dst + b * kQ6KDeviceBlockBytes, src + b * tt.type_size, tt.type_size);
+    for (int64_t b = 0; b < blocks; ++b) {
+      uint8_t* block = dst + b * kQ6KDeviceBlockBytes;
+      std::memcpy(block, src + b * tt.type_size, tt.type_size);
+      std::memset(block + tt.type_size, 0, pad);
+    }
+    std::memset(dst + blocks_bytes, 0, dst_row - blocks_bytes);
   }
 }
 
