@@ -1075,11 +1075,13 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm)
     weight_ring_cta<GroupQK45<false>, CtasPerSm, false, false, kOneToken, true>(a, maps, red, ring_stages);
 }
 
+// The shared memory the driver reserves beside each CTA's own.
+constexpr int kDriverSharedBytesPerCta = 1024;
 // The shared memory a CTA of NTF token fragments takes with dynamic_smem bytes of its own: its
-// reduction buffer and the driver's 1 KB besides.
+// reduction buffer and the driver's reserve besides.
 template <int NTF>
 int shared_memory_per_cta(int dynamic_smem) {
-  return kReduceFloats<NTF> * 4 + dynamic_smem + 1024;
+  return kReduceFloats<NTF> * 4 + dynamic_smem + kDriverSharedBytesPerCta;
 }
 
 // Launches a decode matmul kernel whose CTAs hold NTF token fragments, ctas_per_sm of them an SM
@@ -1367,7 +1369,7 @@ int two_type_ring_bytes(int groups) {
 template <int CtasPerSm>
 bool two_type_ring_fits(const MmaArgs& a, int row_tiles) {
   return one_wave_of_many_groups(a, row_tiles, CtasPerSm, kWarps) &&
-         CtasPerSm * (two_type_ring_bytes<CtasPerSm>(most_groups(a)) + 1024) <=
+         CtasPerSm * (two_type_ring_bytes<CtasPerSm>(most_groups(a)) + kDriverSharedBytesPerCta) <=
              prefill_detail::device_shared_memory_per_sm();
 }
 // The CTAs an SM (3, where one wave of them holds the row tiles) at which q4_K and q6_K segments of
