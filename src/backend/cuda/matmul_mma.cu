@@ -889,15 +889,12 @@ struct RingCopyMaps {
 // row holds whole groups and starts 16-byte aligned, its bytes a multiple of 16 (the device layout:
 // no copy reads past a row).
 // The body of that kernel (and of matmul_mma_weight_ring_q4k_q6k_kernel's CTAs): red is the join's
-// reduction buffer; kRedInStages: red lies in the first stage, written only once every warp has read
-// its last group (a barrier more; every round copied has landed by then).
-template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu, bool kOneToken, bool kRedInStages = false>
+// reduction buffer.
+template <typename Group, int CtasPerSm, bool kSeveralTiles, bool kSwiglu, bool kOneToken>
 __device__ __forceinline__ void weight_ring_cta(const MmaArgs& a, const RingCopyMaps& maps, float* red,
                                                 uint8_t* ring_stages) {
   static_assert(!kSwiglu || kSeveralTiles, "the swiglu epilogue is the ring over tiles'");
   using Ring = WeightRing<Group, CtasPerSm>;
-  static_assert(!kRedInStages || (!kSeveralTiles && kReduceFloats<1> * 4 <= Ring::kStageBytes),
-                "red in the stages: one tile a CTA, red within the first stage");
   // The CTA's k-th row tile (tile blockIdx.x + k gridDim.x) and its round r are the CTA's round
   // q = k n_rounds + r.
   const auto item_of = [&](int k) {
@@ -1024,7 +1021,6 @@ __device__ __forceinline__ void weight_ring_cta(const MmaArgs& a, const RingCopy
           acc[0][2] = __fadd_rn(acc[0][2], t.z), acc[0][3] = __fadd_rn(acc[0][3], t.w);
         }
     }
-    if constexpr (kRedInStages) __syncthreads();  // every warp past its last group's stage
     if (warp < kWarps) streams_to_red<1>(acc, red);
     __syncthreads();
     if constexpr (kSwiglu)
@@ -1053,10 +1049,9 @@ __global__ void __launch_bounds__(WeightRing<Group, CtasPerSm>::kThreadsACta, Ct
 // weight ring, one row tile a CTA, each CTA running its tile's type's ring: one wave at CtasPerSm
 // CTAs an SM where the register kernel took them (the 7B's q6_K-v layers: q/k/v 7.8 µs a layer
 // against 6.1 in its q4_K-v layers' ring, docs/13 §3; +0.3 % at depth 0, +1.1 % at 16384 on an
-// H100). The shared memory is the larger type's ring, with the reduction buffer in its first stage
-// (a barrier more), the form that also fits four CTAs an SM; at four (the 14B's 448 tiles, q6_K
-// spilling 16 bytes at 64 registers) it lost to v and q/k side by side, so only three is taken
-// (two_type_ring_ctas_per_sm).
+// H100). The dynamic shared memory is the larger type's ring. At four CTAs an SM (the 14B's 448
+// tiles, the reduction buffer in the first stage to fit, q6_K spilling 16 bytes at 64 registers)
+// it lost to v and q/k side by side, so only three is taken (two_type_ring_ctas_per_sm).
 // REQUIRES: as matmul_mma_weight_ring_kernel with one tile a CTA, for both types' rings (each
 // segment's map at its type's pitch); every segment q4_K or q6_K, all of the same cols; dynamic
 // shared memory of two_type_ring_bytes.
@@ -1067,12 +1062,12 @@ __global__ void __launch_bounds__(kThreads, CtasPerSm)
                     WeightRing<GroupQK45<false>, CtasPerSm>::kThreadsACta == kThreads,
                 "both rings' CTAs are the 8 streams");
   MINFER_TIMELINE_PROBE();
+  __shared__ float red[kReduceFloats<1>];
   extern __shared__ __align__(128) uint8_t ring_stages[];
-  float* red = reinterpret_cast<float*>(ring_stages);
   if (a.seg[item_at<1>(a, int(blockIdx.x)).si].w.type == GgmlType::Q6_K)
-    weight_ring_cta<GroupQ6K, CtasPerSm, false, false, kOneToken, true>(a, maps, red, ring_stages);
+    weight_ring_cta<GroupQ6K, CtasPerSm, false, false, kOneToken>(a, maps, red, ring_stages);
   else
-    weight_ring_cta<GroupQK45<false>, CtasPerSm, false, false, kOneToken, true>(a, maps, red, ring_stages);
+    weight_ring_cta<GroupQK45<false>, CtasPerSm, false, false, kOneToken>(a, maps, red, ring_stages);
 }
 
 // The shared memory the driver reserves beside each CTA's own.
@@ -1360,8 +1355,7 @@ MmaArgs mma_args(const MatSeg* segs, int n_segs, const Q8Plane& act_q8, int n_to
 }
 int row_tiles_of(const MmaArgs& a) { return a.first_block[a.n_segs]; }
 
-// The q4_K + q6_K weight ring's dynamic shared memory: the larger type's ring (the reduction
-// buffer lies in its first stage).
+// The q4_K + q6_K weight ring's dynamic shared memory: the larger type's ring.
 template <int CtasPerSm>
 int two_type_ring_bytes(int groups) {
   return std::max(WeightRing<GroupQK45<false>, CtasPerSm>::bytes(groups), WeightRing<GroupQ6K, CtasPerSm>::bytes(groups));
@@ -1369,7 +1363,7 @@ int two_type_ring_bytes(int groups) {
 template <int CtasPerSm>
 bool two_type_ring_fits(const MmaArgs& a, int row_tiles) {
   return one_wave_of_many_groups(a, row_tiles, CtasPerSm, kWarps) &&
-         CtasPerSm * (two_type_ring_bytes<CtasPerSm>(most_groups(a)) + kDriverSharedBytesPerCta) <=
+         CtasPerSm * shared_memory_per_cta<1>(two_type_ring_bytes<CtasPerSm>(most_groups(a))) <=
              prefill_detail::device_shared_memory_per_sm();
 }
 // The CTAs an SM (3, where one wave of them holds the row tiles) at which q4_K and q6_K segments of
