@@ -215,6 +215,7 @@ struct CudaBackend::Impl {
   };
   std::deque<InFlight> in_flight;
   SubmittedStep last_submitted;
+  int last_argmax_rows = 0;  // the rows the last step's argmax wrote into the next one's tokens
 
   // census: each launch's events and the bytes it must move at least (census_bytes)
   bool census_next = false, timing = false;
@@ -475,8 +476,8 @@ struct CudaBackend::Impl {
 
   // The step's rows and block tables in one copy (d_step; the argmax section goes up unwritten and
   // the argmax overwrites it), the prompt chunks' descriptions in their own. A fed step's tokens
-  // are the previous step's, already in section 0: the rest goes up on upload_stream, beside the
-  // previous step, and the main stream waits for it.
+  // are the previous step's argmax, which that step writes into section 0: the rest goes up on
+  // upload_stream, beside the previous step, and the main stream waits for it.
   void upload_io(bool fed) {
     const size_t table_ints = io.tables.size(), step_ints = 6 * rows_pitch() + table_ints;
     const size_t chunk_ints = io.chunks.size() * 4, tile_ints = io.tiles.size() * 2;
@@ -491,7 +492,9 @@ struct CudaBackend::Impl {
     std::copy(io.tables.begin(), io.tables.end(), h + 6 * rows_pitch());
     if (fed) {
       const StepEvents& ev = events[size_t(step % 3)];
-      const size_t skip = rows_pitch();
+      // The previous step's argmax wrote the first tokens; a captured bucket's rows past them take
+      // the host's padding tokens, as in any step.
+      const size_t skip = std::min(size_t(last_argmax_rows), rows_pitch());
       check(cudaMemcpyAsync(rows_section(0) + skip, h + skip, (step_ints - skip) * 4, cudaMemcpyHostToDevice,
                             upload_stream.get()),
             "cudaMemcpyAsync (step rows and block tables)");
@@ -674,6 +677,7 @@ struct CudaBackend::Impl {
       check(cudaMemcpyAsync(h_drawn.get(), d_drawn.get(), b.draws.size() * 4, cudaMemcpyDeviceToHost, back),
             "cudaMemcpyAsync (drawn tokens)");
     check(cudaEventRecord(ev.end.get(), back), "cudaEventRecord");
+    last_argmax_rows = geo.out_rows;
     in_flight.push_back({parity, ev_index, n_out, int(b.draws.size()), std::span<const float>(host, wanted * vocab), split,
                          record_timeline ? step_kernels : nullptr});
     last_submitted = submitted(b);
