@@ -6,6 +6,7 @@
 #include "engine/session.h"
 #include "sampling/sampler.h"
 #include "support.h"
+#include "util/error.h"
 
 namespace minfer::test {
 
@@ -37,6 +38,71 @@ std::vector<GreedyStream> greedy_alone(const Model& model, const BackendFactory&
     out.push_back(std::move(g));
   }
   return out;
+}
+
+std::vector<std::vector<int32_t>> greedy_fed(const Model& model, const BackendFactory& backend,
+                                             const std::vector<std::vector<int32_t>>& prompts, int n_gen,
+                                             int block_size) {
+  EngineOptions eo;
+  eo.max_tokens = 0;
+  for (const auto& p : prompts) eo.max_tokens += int(p.size());
+  eo.block_size = block_size;
+  for (const auto& p : prompts) eo.n_blocks += (int(p.size()) + n_gen + block_size - 1) / block_size;
+  Engine engine(model, eo, backend(model));
+  std::vector<KvPool::Sequence> seqs;
+  for (size_t i = 0; i < prompts.size(); ++i) seqs.emplace_back(engine.kv());
+  Step first(engine), second(engine);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    if (first.add(seqs[i], prompts[i], false, Step::Output::Last, false) < 0) fail("greedy_fed: no room");
+  first.submit();
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  Step *running = &first, *queued = &second;
+  const int32_t placeholder = 0;
+  for (int g = 0; g < n_gen; ++g) {
+    if (g + 1 < n_gen) {
+      queued->clear();
+      for (KvPool::Sequence& seq : seqs)
+        if (queued->add(seq, std::span<const int32_t>(&placeholder, 1), true, Step::Output::Last, false) < 0)
+          fail("greedy_fed: no room");
+      queued->submit_after(*running);
+    }
+    running->collect();
+    for (size_t i = 0; i < seqs.size(); ++i) out[i].push_back(running->argmax(int(i))[0]);
+    std::swap(running, queued);
+  }
+  return out;
+}
+
+SessionGreedy session_greedy(const Model& model, const BackendFactory& backend, const std::vector<int32_t>& prompt,
+                             int n, bool generate, int n_ctx) {
+  SessionOptions o;
+  o.n_ctx = n_ctx > 0 ? n_ctx : int(prompt.size()) + n + 1;
+  o.kv_block_size = 16;
+  Session s(model, o, backend(model));
+  SessionGreedy g;
+  int32_t token = s.eval_greedy(prompt);
+  try {
+    if (generate) {
+      s.generate_greedy(token, [&](int32_t t) {
+        g.tokens.push_back(t);
+        return int(g.tokens.size()) < n;
+      });
+    } else {
+      for (;;) {
+        g.tokens.push_back(token);
+        if (int(g.tokens.size()) == n) break;
+        token = s.decode_greedy(token);
+      }
+    }
+  } catch (const Error& e) {
+    g.error = e.what();
+  }
+  g.n_past = s.n_past();
+  if (g.error.empty()) {
+    const std::span<const float> l = s.decode(g.tokens.back());
+    g.logits_after.assign(l.begin(), l.end());
+  }
+  return g;
 }
 
 std::vector<GreedyStream> greedy_together(const Model& model, const BackendFactory& backend,
@@ -99,10 +165,11 @@ class DrawCounter : public Backend {
   int max_tokens() const override { return inner_->max_tokens(); }
   int max_outputs() const override { return inner_->max_outputs(); }
   void copy_blocks(std::span<const BlockCopy> copies) override { inner_->copy_blocks(copies); }
-  void forward(const StepBatch& batch, StepOutput& out) override {
+  void submit(const StepBatch& batch) override {
     draws_ += int64_t(batch.draws.size());
-    inner_->forward(batch, out);
+    inner_->submit(batch);
   }
+  void collect(StepOutput& out) override { inner_->collect(out); }
 
  private:
   std::unique_ptr<Backend> inner_;

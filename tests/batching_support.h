@@ -4,6 +4,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -26,6 +27,25 @@ std::vector<GreedyStream> greedy_alone(const Model& model, const BackendFactory&
 std::vector<GreedyStream> greedy_together(const Model& model, const BackendFactory& backend,
                                           const std::vector<std::vector<int32_t>>& prompts, int n_gen,
                                           int max_seqs, int step_tokens);
+// All prompts in one step (one output row each), then n_gen - 1 decode steps of all of them, each
+// submitted fed by the step before (Step::submit_after) before that one is collected: each
+// prompt's n_gen greedy tokens. block_size: the KV pool's (small, so that block tables grow).
+std::vector<std::vector<int32_t>> greedy_fed(const Model& model, const BackendFactory& backend,
+                                             const std::vector<std::vector<int32_t>>& prompts, int n_gen,
+                                             int block_size);
+// One session's greedy run: the prompt, then `n` greedy tokens (Session::generate_greedy when
+// `generate`, else decode_greedy a token at a time), then the logits of the last token decoded
+// after them, so that the context the run leaves is compared too. With n_ctx = 0 the context holds
+// exactly the prompt and n tokens, else n_ctx; `error` is the message a run stopped by the context's
+// end threw.
+struct SessionGreedy {
+  std::vector<int32_t> tokens;
+  int n_past = 0;
+  std::vector<float> logits_after;
+  std::string error;
+};
+SessionGreedy session_greedy(const Model& model, const BackendFactory& backend, const std::vector<int32_t>& prompt,
+                             int n, bool generate, int n_ctx = 0);
 std::vector<std::vector<int32_t>> random_prompts(int n, int min_len, int max_len, int n_vocab, uint64_t salt);
 // Each prompt's n_gen sampled tokens (end tokens ignored) through the scheduler, up to max_seqs at
 // a time; request i samples with `sampling` at seed sampling.seed + i. want_logits: each request

@@ -112,6 +112,66 @@ TEST(Engine, AStepChecksItsInput) {
   EXPECT_THROW(step.run(), Error);  // a token outside the vocabulary
 }
 
+// A step may be queued while another is in flight only when it takes its tokens from that one's
+// argmax and neither of them copies logits back or draws; two at most are in flight; a refused
+// submit leaves the steps in flight as they were, and collect hands them back in order.
+TEST(Engine, StepsInFlightFollowTheRules) {
+  Engine engine(model(), small_cpu_engine());  // 8 tokens a step, 4 blocks of 4 positions
+  KvPool::Sequence a(engine.kv()), b(engine.kv());
+  std::vector<BlockCopy> copies;
+  ASSERT_TRUE(a.reserve(8, copies));
+  ASSERT_TRUE(b.reserve(4, copies));
+  const std::vector<int32_t> prompt = {1, 2, 3}, one = {0}, two = {0, 0}, last_row = {2}, row0 = {0}, rows01 = {0, 1};
+  const std::vector<uint8_t> keep = {1}, drop = {0}, drop2 = {0, 0};
+  const SeqChunk prompt_a{0, 3, 0, a.blocks(), false};
+  const auto decode_a = [&](int pos) { return SeqChunk{0, 1, pos, a.blocks(), true}; };
+  const std::vector<SeqChunk> decode_ab = {decode_a(3), {1, 1, 0, b.blocks(), true}};
+  const auto refused = [&](const StepBatch& batch, const std::string& words) {
+    try {
+      engine.submit(batch);
+      ADD_FAILURE() << "submitted a step that should be refused: " << words;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(words), std::string::npos) << e.what();
+    }
+  };
+  StepOutput out;
+  EXPECT_THROW(engine.collect(out), Error);  // nothing submitted
+
+  engine.submit({prompt, std::span(&prompt_a, 1), last_row, keep, {}});  // its logits come back
+  SeqChunk at3 = decode_a(3);
+  refused({one, std::span(&at3, 1), row0, drop, {}}, "must take its tokens from that step's argmax");
+  refused({one, std::span(&at3, 1), row0, drop, {}, true}, "copy no logits back");
+  engine.collect(out);
+  ASSERT_EQ(out.logits.size(), size_t(model().hp.n_vocab));
+  const int32_t after_prompt = out.argmax.at(0);
+  refused({two, decode_ab, rows01, drop2, {}, true}, "a step of 2 rows takes its tokens from a previous step of 1");
+  const SeqChunk prompt_at3{0, 1, 3, a.blocks(), false};
+  refused({one, std::span(&prompt_at3, 1), row0, drop, {}, true}, "has prompt rows");
+
+  engine.submit({one, std::span(&at3, 1), row0, drop, {}, true});  // position 3: after_prompt
+  SeqChunk at4 = decode_a(4), at5 = decode_a(5);
+  engine.submit({one, std::span(&at4, 1), row0, drop, {}, true});
+  refused({one, std::span(&at5, 1), row0, drop, {}, true}, "two steps are in flight");
+  StepOutput third, fourth;
+  engine.collect(third);
+  engine.collect(fourth);
+  EXPECT_THROW(engine.collect(out), Error);
+
+  // The same tokens one step at a time, each read back and given as the next
+  Engine plain(model(), small_cpu_engine());
+  KvPool::Sequence c(plain.kv());
+  ASSERT_TRUE(c.reserve(8, copies));
+  const SeqChunk prompt_c{0, 3, 0, c.blocks(), false};
+  plain.forward({prompt, std::span(&prompt_c, 1), last_row, drop, {}}, out);
+  ASSERT_EQ(out.argmax.at(0), after_prompt);
+  for (const auto& [pos, fed] : {std::pair{3, &third}, std::pair{4, &fourth}}) {
+    const std::vector<int32_t> token = {out.argmax.at(0)};
+    const SeqChunk at{0, 1, pos, c.blocks(), true};
+    plain.forward({token, std::span(&at, 1), row0, drop, {}}, out);
+    EXPECT_EQ(fed->argmax, out.argmax) << "position " << pos;
+  }
+}
+
 // A step has room for max_outputs output rows (the logits buffer's rows) and generated tokens,
 // whatever its tokens; a backend refuses a step with more, and eval_all cuts its micro-batches to
 // that many rows, giving the logits every micro-batch size gives.
@@ -242,6 +302,40 @@ TEST(Batching, GreedyStreamsDoNotDependOnTheBatch) {
           << "prompt " << i;
     }
   }
+}
+
+// Session::generate_greedy (each step fed by the one before, the host reading a token while the
+// next step runs) gives decode_greedy's tokens and leaves the same context (the step past the last
+// token dropped: the next token's logits are the same bits), and stops at a full context with the
+// same error.
+TEST(Session, GenerateGreedyIsDecodeGreedyAStepAtATime) {
+  const auto prompt = test::random_prompts(1, 5, 20, model().hp.n_vocab, 3)[0];
+  for (const int n : {1, 2, 9}) {
+    const auto fed = test::session_greedy(model(), cpu_backend(), prompt, n, true);
+    const auto one_by_one = test::session_greedy(model(), cpu_backend(), prompt, n, false);
+    EXPECT_EQ(fed.tokens, one_by_one.tokens) << n << " tokens";
+    EXPECT_EQ(fed.n_past, one_by_one.n_past) << n << " tokens";
+    ASSERT_EQ(fed.logits_after.size(), size_t(model().hp.n_vocab));
+    EXPECT_EQ(std::memcmp(fed.logits_after.data(), one_by_one.logits_after.data(), fed.logits_after.size() * 4), 0)
+        << n << " tokens";
+  }
+  const int n_ctx = int(prompt.size()) + 6;
+  const auto fed = test::session_greedy(model(), cpu_backend(), prompt, 1000, true, n_ctx);
+  const auto one_by_one = test::session_greedy(model(), cpu_backend(), prompt, 1000, false, n_ctx);
+  EXPECT_EQ(fed.tokens, one_by_one.tokens);
+  EXPECT_EQ(fed.tokens.size(), 7u);  // the prompt's token and six decoded
+  EXPECT_EQ(fed.n_past, n_ctx);
+  EXPECT_NE(fed.error.find("exceeds the context size"), std::string::npos) << fed.error;
+  EXPECT_EQ(fed.error, one_by_one.error);
+}
+
+// Greedy decoding with every step queued before the one it takes its tokens from has been read
+// (Step::submit_after) gives each prompt the tokens it gets alone, one read-back a step.
+TEST(Batching, FedStepsGiveEachPromptsGreedyStream) {
+  const auto prompts = test::random_prompts(5, 1, 30, model().hp.n_vocab, 9);
+  const auto alone = test::greedy_alone(model(), cpu_backend(), prompts, 12);
+  const auto fed = test::greedy_fed(model(), cpu_backend(), prompts, 12, 4);
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(fed[i], alone[i].tokens) << "prompt " << i;
 }
 
 // Sampled text: each request samples with its own seed, and the sequences of a step sample in

@@ -53,6 +53,28 @@ void validate_step(const StepBatch& b, int max_tokens, int max_outputs, int n_bl
   }
 }
 
+void validate_submit(const StepBatch& b, const SubmittedStep& previous) {
+  if (previous.in_flight > 1) fail("backend: two steps are in flight; collect one before submitting another");
+  if (previous.in_flight == 1) {
+    if (!b.tokens_from_previous)
+      fail("backend: a step submitted while another is in flight must take its tokens from that step's argmax");
+    if (previous.copies_back || !b.draws.empty() ||
+        std::any_of(b.copy_logits.begin(), b.copy_logits.end(), [](uint8_t c) { return c != 0; }))
+      fail("backend: steps in flight together copy no logits back and draw no tokens");
+  }
+  if (!b.tokens_from_previous) return;
+  if (previous.output_rows != int(b.tokens.size()))
+    fail("backend: a step of ", b.tokens.size(), " rows takes its tokens from a previous step of ",
+         std::max(previous.output_rows, 0), " output rows");
+  for (const SeqChunk& c : b.chunks)
+    if (!c.decode) fail("backend: a step taking its tokens from the previous one has prompt rows");
+}
+
+SubmittedStep submitted(const StepBatch& b) {
+  const bool logits = std::any_of(b.copy_logits.begin(), b.copy_logits.end(), [](uint8_t c) { return c != 0; });
+  return {int(b.output_rows.size()), logits || !b.draws.empty(), 0};
+}
+
 #ifndef MINFER_HAVE_CUDA
 std::unique_ptr<Backend> make_cuda_backend(const Model&) {
   fail("the CUDA backend is not available: minfer was built without CUDA (use --backend cpu)");

@@ -45,6 +45,11 @@ struct StepBatch {
   // caller's uniform number in [0, 1), by the arithmetic of sampling/draw_math.h, so the token is
   // the one draw_softmax gives for the same logits on the host.
   std::span<const Draw> draws;
+  // Row i's token is the argmax of output row i of the step submitted just before this one, which
+  // had one output row for each row of this step; every chunk is a decode chunk and `tokens` holds
+  // placeholders (any ids in the vocabulary). On the CUDA backend the token never leaves the
+  // device, so this step can be queued before that one has finished (Backend::submit).
+  bool tokens_from_previous = false;
 };
 
 struct StepOutput {
@@ -78,7 +83,16 @@ class Backend {
   virtual int max_outputs() const = 0;
   // Copies whole blocks (every layer, K and V): the engine's copy-on-write of shared blocks.
   virtual void copy_blocks(std::span<const BlockCopy> copies) = 0;
-  virtual void forward(const StepBatch& batch, StepOutput& out) = 0;
+  // A step in two halves: submit queues it, collect waits for the oldest step submitted and not yet
+  // collected and fills `out`. One step may be in flight when the next is submitted, if the next
+  // takes its tokens from it (StepBatch::tokens_from_previous) and neither copies logits back nor
+  // draws (validate_submit); then the device runs the two back to back.
+  virtual void submit(const StepBatch& batch) = 0;
+  virtual void collect(StepOutput& out) = 0;
+  void forward(const StepBatch& batch, StepOutput& out) {
+    submit(batch);
+    collect(out);
+  }
 };
 
 // The backend keeps a reference to the model, which must outlive it.
@@ -91,6 +105,18 @@ bool cuda_available();
 // throws minfer::Error naming the first problem. Both backends call it first.
 void validate_step(const StepBatch& batch, int max_tokens, int max_outputs, int n_blocks, int block_size,
                    int n_vocab);
+
+// What a backend keeps of the step submitted last, for validate_submit.
+struct SubmittedStep {
+  int output_rows = -1;      // -1: none submitted yet
+  bool copies_back = false;  // logits or draws
+  int in_flight = 0;         // steps submitted and not yet collected, this one among them
+};
+// Checks a step against the one submitted before it (StepBatch::tokens_from_previous, the rule for
+// a step submitted while another is in flight) and throws minfer::Error naming the problem.
+void validate_submit(const StepBatch& batch, const SubmittedStep& previous);
+// What validate_submit keeps of `batch` (in_flight left for the backend to count).
+SubmittedStep submitted(const StepBatch& batch);
 
 // MINFER_DUMP=DIR: each backend calls this after every node (step = forward call index).
 // Writes DIR/stepNNNN/NN_name.bin (header: rows, cols; then f32 data). Returns false when off.

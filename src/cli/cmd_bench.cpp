@@ -18,6 +18,7 @@
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "gguf/gguf.h"
+#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
 #ifdef MINFER_HAVE_CUDA
@@ -100,7 +101,8 @@ std::string params_label(int64_t n) {
 // repetition (the depth's blocks shared copy-on-write, as a prefix cache would share them).
 class Bench {
  public:
-  Bench(Engine& engine, uint64_t seed) : engine_(engine), base_(engine.kv()), step_(engine), rng_(seed) {}
+  Bench(Engine& engine, uint64_t seed)
+      : engine_(engine), base_(engine.kv()), step_(engine), fed_step_(engine), rng_(seed) {}
 
   std::vector<int32_t> tokens(int n) {
     std::vector<int32_t> t(static_cast<size_t>(n));
@@ -119,20 +121,43 @@ class Bench {
     prompt(seq, t);
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  // n greedy decode steps of `batch` sequences after the depth; returns seconds.
+  // n greedy decode steps of `batch` sequences after the depth; returns seconds. Each step is
+  // submitted fed by the one before (Step::submit_after), as greedy generation runs, unless
+  // MINFER_NO_FED_STEPS=1: then each step's tokens come back to the host before the next is built.
   double generate(int n, int batch) {
     std::vector<KvPool::Sequence> seqs;
     for (int b = 0; b < batch; ++b) seqs.push_back(base_.fork(base_.n_tokens()));
     std::vector<int32_t> next = tokens(batch);
-    const auto t0 = Clock::now();
-    for (int i = 0; i < n; ++i) {
-      step_.clear();
+    const auto add_tokens = [&](Step& step, int i) {
+      step.clear();
       for (int b = 0; b < batch; ++b)
-        if (step_.add(seqs[size_t(b)], std::span<const int32_t>(&next[size_t(b)], 1), true, Step::Output::Last, false) < 0)
+        if (step.add(seqs[size_t(b)], std::span<const int32_t>(&next[size_t(b)], 1), true, Step::Output::Last, false) < 0)
           fail("no room for ", batch, " sequences at depth ", base_.n_tokens() + i,
                " (KV pool of ", engine_.kv().n_blocks(), " blocks)");
-      step_.run();
-      for (int b = 0; b < batch; ++b) next[size_t(b)] = step_.argmax(b)[0];
+    };
+    const auto take_tokens = [&](const Step& step) {
+      for (int b = 0; b < batch; ++b) next[size_t(b)] = step.argmax(b)[0];
+    };
+    const auto t0 = Clock::now();
+    if (fed_steps_ && n > 0) {
+      Step *running = &step_, *queued = &fed_step_;
+      add_tokens(*running, 0);
+      running->submit();
+      for (int i = 1; i < n; ++i) {
+        add_tokens(*queued, i);  // next[] holds placeholders here
+        queued->submit_after(*running);
+        running->collect();
+        take_tokens(*running);
+        std::swap(running, queued);
+      }
+      running->collect();
+      take_tokens(*running);
+    } else {
+      for (int i = 0; i < n; ++i) {
+        add_tokens(step_, i);
+        step_.run();
+        take_tokens(step_);
+      }
     }
     return std::chrono::duration<double>(Clock::now() - t0).count();
   }
@@ -153,7 +178,8 @@ class Bench {
 
   Engine& engine_;
   KvPool::Sequence base_;
-  Step step_;
+  Step step_, fed_step_;
+  const bool fed_steps_ = !env_flag("MINFER_NO_FED_STEPS");
   std::mt19937_64 rng_;
 };
 

@@ -61,16 +61,13 @@ int run_run(int argc, char** argv) {
   std::vector<int32_t> history = prompt_tokens;
   minfer::StreamDecoder decoder(tokenizer);
 
-  // The next token after the prompt, then after each generated one (the argmax where the logits
-  // are, for plain greedy decoding).
+  // The next token after the prompt, then after each generated one (for plain greedy decoding the
+  // argmax where the logits are, and Session::generate_greedy after the prompt).
   auto after_prompt = [&] {
     if (plain_greedy) return session.eval_greedy(prompt_tokens);
     return sampler.sample(session.eval(prompt_tokens), history);
   };
-  auto after_token = [&](int32_t token) {
-    if (plain_greedy) return session.decode_greedy(token);
-    return sampler.sample(session.decode(token), history);
-  };
+  auto after_token = [&](int32_t token) { return sampler.sample(session.decode(token), history); };
 
   if (!no_display_prompt) minfer::cli::print(prompt);
   int n_generated = 0, n_decode_steps = 0;
@@ -82,16 +79,26 @@ int run_run(int argc, char** argv) {
   else
     session.eval(prompt_tokens);
   const double prompt_seconds = seconds_since(t_prompt);
-  while (n_generated < n_predict) {
-    if (!ignore_eos && tokenizer.is_end_of_generation(token)) break;
+  // Prints a token; true while more are wanted (then the token is decoded).
+  const auto take = [&](int32_t t) {
+    if (!ignore_eos && tokenizer.is_end_of_generation(t)) return false;
     ++n_generated;
-    history.push_back(token);
-    minfer::cli::print(decoder.push(token));
-    if (n_generated == n_predict) break;
-    const auto t0 = std::chrono::steady_clock::now();
-    token = after_token(history.back());
-    gen_seconds += seconds_since(t0);
+    history.push_back(t);
+    minfer::cli::print(decoder.push(t));
+    if (n_generated == n_predict) return false;
     ++n_decode_steps;
+    return true;
+  };
+  if (plain_greedy && n_predict > 0) {
+    const auto t0 = std::chrono::steady_clock::now();
+    session.generate_greedy(token, take);  // each step queued while the host prints the last token
+    gen_seconds = seconds_since(t0);
+  } else {
+    while (n_generated < n_predict && take(token)) {
+      const auto t0 = std::chrono::steady_clock::now();
+      token = after_token(history.back());
+      gen_seconds += seconds_since(t0);
+    }
   }
   minfer::cli::print(decoder.flush() + "\n");
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "util/env.h"
 #include "util/error.h"
 
 namespace minfer {
@@ -79,12 +80,44 @@ int Step::add(KvPool::Sequence& seq, std::span<const int32_t> tokens, bool decod
   return int(items_.size()) - 1;
 }
 
+bool fed_steps_enabled() {
+  static const bool on = !env_flag("MINFER_NO_FED_STEPS");
+  return on;
+}
+
 void Engine::forward(const StepBatch& batch, StepOutput& out) {
-  backend_->forward(batch, out);
+  submit(batch);
+  collect(out);
+}
+
+void Engine::submit(const StepBatch& batch) {
+  backend_->submit(batch);
   ++forwards_;
 }
 
 void Step::run() {
+  submit();
+  collect();
+}
+
+void Step::submit() { submit(false); }
+
+void Step::submit_after(const Step& previous) {
+  if (previous.items_.empty() || previous.ran_as_ != engine_.forwards())
+    fail("internal error: a step fed by one that was not the last submitted");
+  if (previous.items_.size() != items_.size())
+    fail("internal error: a step of ", items_.size(), " items fed by one of ", previous.items_.size());
+  for (size_t i = 0; i < items_.size(); ++i) {
+    const Item &a = items_[i], &p = previous.items_[i];  // p's output row is the backend's output i
+    if (a.seq != p.seq || !a.decode || p.first_output != int(i) || p.n_outputs != 1 || p.logits || p.draw >= 0)
+      fail("internal error: step item ", i, " is not the greedy continuation of the previous step's item");
+  }
+  submit(true);
+}
+
+void Step::collect() { engine_.collect(out_); }
+
+void Step::submit(bool tokens_from_previous) {
   if (items_.empty()) fail("a step with no tokens");
   batch_tokens_.clear();
   output_rows_.clear();
@@ -111,7 +144,7 @@ void Step::run() {
       row += it.n_tokens;
     }
   }
-  engine_.forward({batch_tokens_, chunks_, output_rows_, copy_logits_, draws_}, out_);
+  engine_.submit({batch_tokens_, chunks_, output_rows_, copy_logits_, draws_, tokens_from_previous});
   ran_as_ = engine_.forwards();
   for (Item& it : items_) it.seq->advance(it.n_tokens);
 }

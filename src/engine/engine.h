@@ -34,6 +34,10 @@ struct EngineOptions {
   std::string memory_hint = "lower the context size";
 };
 
+// Greedy generation feeds each step from the one before (Step::submit_after) unless
+// MINFER_NO_FED_STEPS=1: then each token comes back to the host before the next step is built.
+bool fed_steps_enabled();
+
 class Engine {
  public:
   // Checks that the KV blocks and buffers fit in the backend's memory first and throws
@@ -50,6 +54,9 @@ class Engine {
   int max_outputs() const { return backend_->max_outputs(); }
   // The backend's forward, counted: a step's logits live in the backend until the next one.
   void forward(const StepBatch& batch, StepOutput& out);
+  // The backend's forward in two halves (Backend::submit, Backend::collect); submit counts.
+  void submit(const StepBatch& batch);
+  void collect(StepOutput& out) { backend_->collect(out); }
   uint64_t forwards() const { return forwards_; }
 
   // Bytes a pool of n_blocks blocks plus buffers for steps of max_tokens tokens and max_outputs
@@ -89,6 +96,17 @@ class Step {
   void draw(int item, float temperature, double uniform);
   // Runs the forward and advances every sequence.
   void run();
+  // run() in two halves, so that the next step can be queued before this one's results are read.
+  // submit() advances the sequences; the results are readable after collect().
+  void submit();
+  // Submits with each item's token the argmax of `previous`'s item of the same index (the tokens
+  // given to add() are placeholders): previous is the step submitted last on the engine, with the
+  // same sequences in the same order, each item with one output row (decode items, or prompt items
+  // with Output::Last), no logits and no draw; this step's items are decode items. On the CUDA backend
+  // the tokens stay on the device and this step runs right behind previous (greedy decoding
+  // without a host round trip between tokens).
+  void submit_after(const Step& previous);
+  void collect();
   void clear();
 
   // After run(): argmax of the item's output rows, and their logits (n_vocab each) if requested;
@@ -115,7 +133,8 @@ class Step {
   std::vector<int32_t> tokens_;
   int n_tokens_ = 0, n_outputs_ = 0;
   StepOutput out_;
-  uint64_t ran_as_ = 0;  // engine_.forwards() after this step's run
+  void submit(bool tokens_from_previous);
+  uint64_t ran_as_ = 0;  // engine_.forwards() after this step's submit
   // assembled by run()
   std::vector<int32_t> batch_tokens_, output_rows_;
   std::vector<uint8_t> copy_logits_;

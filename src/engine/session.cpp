@@ -43,7 +43,8 @@ Session::Session(const Model& model, SessionOptions opts)
       all_logits_ubatch_(std::min(opts.max_outputs, ubatch_)),
       engine_(model, engine_options(opts, n_ctx_, ubatch_)),
       seq_(engine_.kv()),
-      step_(engine_) {}
+      step_(engine_),
+      fed_step_(engine_) {}
 
 Session::Session(const Model& model, SessionOptions opts, std::unique_ptr<Backend> backend)
     : model_(model),
@@ -52,7 +53,8 @@ Session::Session(const Model& model, SessionOptions opts, std::unique_ptr<Backen
       all_logits_ubatch_(std::min(opts.max_outputs, ubatch_)),
       engine_(model, engine_options(opts, n_ctx_, ubatch_), std::move(backend)),
       seq_(engine_.kv()),
-      step_(engine_) {}
+      step_(engine_),
+      fed_step_(engine_) {}
 
 void Session::check_fits(size_t n_new) const {
   if (size_t(n_past()) + n_new > size_t(n_ctx_))
@@ -107,6 +109,52 @@ std::span<const float> Session::decode(int32_t token) {
 int32_t Session::decode_greedy(int32_t token) {
   run(std::span<const int32_t>(&token, 1), true, Step::Output::Last, false);
   return argmax_;
+}
+
+void Session::generate_greedy(int32_t token, const std::function<bool(int32_t)>& take) {
+  if (!fed_steps_enabled()) {
+    while (take(token)) token = decode_greedy(token);
+    return;
+  }
+  if (!take(token)) return;
+  check_fits(1);
+  // `token` is also the placeholder of a fed step, which takes the step before's argmax
+  const auto submit_decode = [&](Step& step, const Step* fed_by) {
+    step.clear();
+    if (step.add(seq_, std::span<const int32_t>(&token, 1), true, Step::Output::Last, false) < 0)
+      fail("internal error: the KV pool has no room for a token at position ", n_past());
+    if (fed_by)
+      step.submit_after(*fed_by);
+    else
+      step.submit();
+  };
+  int in_flight = 0, kept = n_past();  // kept: the context up to the last step collected
+  const auto drop_the_rest = [&] {
+    for (StepOutput ignored; in_flight > 0; --in_flight) engine_.collect(ignored);
+    seq_.truncate(kept);
+  };
+  Step *running = &step_, *queued = &fed_step_;
+  try {
+    submit_decode(*running, nullptr);
+    ++in_flight;
+    for (;;) {
+      if (n_past() < n_ctx_) {
+        submit_decode(*queued, running);
+        ++in_flight;
+      }
+      running->collect();
+      --in_flight;
+      ++kept;
+      token = argmax_ = running->argmax(0)[0];
+      if (!take(token)) break;
+      if (in_flight == 0) check_fits(1);  // throws: the context is full
+      std::swap(running, queued);
+    }
+  } catch (...) {
+    drop_the_rest();
+    throw;
+  }
+  drop_the_rest();
 }
 
 }  // namespace minfer

@@ -2,6 +2,7 @@
 // context limit (a clear error, never an overflow).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,6 +47,13 @@ class Session {
   // One generated token (the decode kernels): its logits, or only their argmax.
   std::span<const float> decode(int32_t token);
   int32_t decode_greedy(int32_t token);
+  // Greedy generation on from `token`, the greedy token after what the session holds (from
+  // eval_greedy or decode_greedy): passes it and each next greedy token to `take`, and decodes a
+  // token only when take returned true for it (asking for more). The steps are fed by one another
+  // (Step::submit_after) unless fed_steps_enabled() is false, so the host reads each token while
+  // the next step runs; the step past the last token taken is dropped from the context again.
+  // The context's end is the error decode_greedy gives.
+  void generate_greedy(int32_t token, const std::function<bool(int32_t)>& take);
 
   void reset() { seq_.truncate(0); }     // forget the context
   void truncate(int n) { seq_.truncate(n); }  // keep the first n positions (n <= n_past)
@@ -59,7 +67,7 @@ class Session {
   int ubatch_ = 0, all_logits_ubatch_ = 0;  // tokens a step, and a step of eval_all
   Engine engine_;
   KvPool::Sequence seq_;
-  Step step_;
+  Step step_, fed_step_;
   std::vector<float> logits_;
   int32_t argmax_ = -1;
 };

@@ -863,6 +863,54 @@ TEST(GpuBackend, GrowingBlockTablesKeepTheGraphsBits) {
   }
 }
 
+// Greedy decoding with each step queued behind the one it takes its tokens from (the token never
+// leaves the device: that step's argmax also writes the next step's token section) gives each
+// prompt the tokens it gets alone, one read-back a step: one sequence (a graph of one row) and three
+// (padded to a graph's bucket of four), captured and launch by launch; KV blocks of 4 positions, so
+// the block tables outgrow the step buffers several times while a step is in flight.
+TEST(GpuBackend, FedStepsGiveEachPromptsGreedyStream) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("tiny");
+  Fusions eager = Fusions::from_env();
+  eager.cuda_graph = false;
+  const int n_gen = 600;
+  for (const int n : {1, 3}) {
+    const auto prompts = test::random_prompts(n, 2, 12, s.model.hp.n_vocab, 31 + uint64_t(n));
+    const auto alone = test::greedy_alone(s.model, gpu_backend(), prompts, n_gen);
+    for (const bool graphs : {true, false}) {
+      const auto fed = test::greedy_fed(s.model, graphs ? gpu_backend() : gpu_backend(eager), prompts, n_gen, 4);
+      for (size_t i = 0; i < prompts.size(); ++i)
+        ASSERT_EQ(fed[i], alone[i].tokens) << n << " sequences, prompt " << i << (graphs ? ", graphs" : ", eager");
+    }
+  }
+}
+
+// Session::generate_greedy on the GPU (the token never on the host between steps) gives
+// decode_greedy's tokens, leaves the same context (the next token's logits, bit for bit) and stops
+// at a full context with the same error.
+TEST(GpuBackend, GenerateGreedyIsDecodeGreedyAStepAtATime) {
+  MINFER_REQUIRE_GPU();
+  const Synth& s = synth_model("tiny");
+  const auto prompt = test::random_prompts(1, 5, 20, s.model.hp.n_vocab, 3)[0];
+  for (const int n : {1, 2, 9}) {
+    const auto fed = test::session_greedy(s.model, gpu_backend(), prompt, n, true);
+    const auto one_by_one = test::session_greedy(s.model, gpu_backend(), prompt, n, false);
+    EXPECT_EQ(fed.tokens, one_by_one.tokens) << n << " tokens";
+    EXPECT_EQ(fed.n_past, one_by_one.n_past) << n << " tokens";
+    ASSERT_EQ(fed.logits_after.size(), size_t(s.model.hp.n_vocab));
+    EXPECT_EQ(std::memcmp(fed.logits_after.data(), one_by_one.logits_after.data(), fed.logits_after.size() * 4), 0)
+        << n << " tokens";
+  }
+  const int n_ctx = int(prompt.size()) + 6;
+  const auto fed = test::session_greedy(s.model, gpu_backend(), prompt, 1000, true, n_ctx);
+  const auto one_by_one = test::session_greedy(s.model, gpu_backend(), prompt, 1000, false, n_ctx);
+  EXPECT_EQ(fed.tokens, one_by_one.tokens);
+  EXPECT_EQ(fed.tokens.size(), 7u);  // the prompt's token and six decoded
+  EXPECT_EQ(fed.n_past, n_ctx);
+  EXPECT_NE(fed.error.find("exceeds the context size"), std::string::npos) << fed.error;
+  EXPECT_EQ(fed.error, one_by_one.error);
+}
+
 // `minfer batch` on the GPU: --parallel 1 and --parallel 8 write the same greedy lines.
 TEST(GpuBackend, BatchCliParallelOneEqualsEight) {
   MINFER_REQUIRE_GPU();

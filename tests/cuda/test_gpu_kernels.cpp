@@ -1381,11 +1381,12 @@ TEST(GpuKernels, ArgmaxTakesTheFirstLargest) {
   for (int i = 0; i < n; ++i) x[size_t(4 * ld) + i] = -std::numeric_limits<float>::infinity();  // row 4: no maximum
   DeviceBuffer<float> dx(x);
   DeviceBuffer<cuda::ArgmaxCandidate> candidates(size_t(rows) * cuda::kArgmaxSlices);
-  DeviceBuffer<int32_t> r(static_cast<size_t>(rows));
-  cuda::launch_argmax_rows(dx.get(), ld, rows, n, candidates.get(), r.get(), nullptr);
+  DeviceBuffer<int32_t> r(static_cast<size_t>(rows)), next_tokens(static_cast<size_t>(rows));
+  cuda::launch_argmax_rows(dx.get(), ld, rows, n, candidates.get(), r.get(), next_tokens.get(), nullptr);
   const auto got = r.download();
   const std::vector<int32_t> want = {std::min(a, b), 17, n - 1, 6000, 0};
   ASSERT_EQ(got, want);
+  EXPECT_EQ(next_tokens.download(), want);  // the copy a fed step embeds
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <map>
 
@@ -82,9 +83,34 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void forward(const StepBatch& batch, StepOutput& result) override {
+  // The step runs here, in submit; collect hands over its results.
+  void submit(const StepBatch& in) override {
+    validate_step(in, max_tokens_, max_outputs_, n_blocks_, block_size_, model_.hp.n_vocab);
+    validate_submit(in, last_);
+    StepBatch batch = in;
+    if (in.tokens_from_previous) batch.tokens = last_argmax_;
+    StepOutput& result = done_.emplace_back();
+    try {
+      forward_now(batch, result);
+    } catch (...) {
+      done_.pop_back();
+      throw;
+    }
+    last_argmax_ = result.argmax;
+    last_ = submitted(in);
+    last_.in_flight = int(done_.size());
+  }
+
+  void collect(StepOutput& out) override {
+    if (done_.empty()) fail("backend: collect with no step submitted");
+    out = std::move(done_.front());
+    done_.pop_front();
+    last_.in_flight = int(done_.size());
+  }
+
+ private:
+  void forward_now(const StepBatch& batch, StepOutput& result) {
     const HParams& hp = model_.hp;
-    validate_step(batch, max_tokens_, max_outputs_, n_blocks_, block_size_, hp.n_vocab);
     const int n_tokens = int(batch.tokens.size());
     positions_.clear();
     for (const SeqChunk& c : batch.chunks)
@@ -163,7 +189,6 @@ class CpuBackend final : public Backend {
                                           d.temperature, d.uniform, draw_weight_, draw_block_sum_));
   }
 
- private:
   int64_t kv_width() const { return int64_t(model_.hp.n_head_kv) * model_.hp.head_dim; }
   float* slot(int s) { return slots_[size_t(s)].data(); }
   const float* f32(const Tensor* t) const {
@@ -194,6 +219,9 @@ class CpuBackend final : public Backend {
   std::vector<double> draw_block_sum_;
   std::vector<float> gathered_, logits_, wanted_logits_;  // wanted_logits_: the flagged rows, when not all are
   int n_blocks_ = 0, block_size_ = 0, max_tokens_ = 0, max_outputs_ = 0, step_ = 0;
+  std::deque<StepOutput> done_;  // submitted, not yet collected
+  SubmittedStep last_;
+  std::vector<int32_t> last_argmax_;  // the tokens of a step submitted with tokens_from_previous
 };
 
 }  // namespace

@@ -8,8 +8,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <optional>
+#include <tuple>
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/device_timeline.h"
@@ -92,6 +94,10 @@ struct CudaBackend::Impl {
   // and joined back to the main stream, which runs the prompt rows.
   Stream decode_stream{Stream::Urgent{}};
   Event lanes_fork, lanes_join;
+  // A fed step's rows go up on upload_stream while the step before it runs; every step's results
+  // come back on copy_back_stream, so the main stream goes from one step's last launch to the next
+  // step's first.
+  Stream upload_stream, copy_back_stream;
   UploadStats upload;
   DeviceWeights weights;
   LoadStats stats;
@@ -159,13 +165,15 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> gemm_weight_image;  // PrefillGemm::weight_image_buffer (empty below its token count)
   // The step's rows and block tables, so that a step uploads them in one copy: six sections of
   // rows_pitch() ints (tokens | positions | slots | table offsets | output rows | argmax), then the
-  // tables; grows with the tables.
-  DeviceArray<int32_t> d_step;
+  // tables; grows with the tables. Two, taken by steps in turn (`parity`): a step's argmax also
+  // goes into the other one's tokens, where a step fed by it (StepBatch::tokens_from_previous)
+  // finds them while the step before it still runs.
+  std::array<DeviceArray<int32_t>, 2> d_step;
   DeviceArray<ArgmaxCandidate> argmax_candidates;
   DeviceArray<int32_t> d_chunks;  // PrefillChunk[max_tokens] | PrefillTile[2 max_tokens]
   DeviceArray<PrefillHeadGroup> d_head_groups;  // grows with the step's prompt tiles
-  PinnedArray<int32_t> h_staging;
-  PinnedArray<int32_t> h_argmax;  // StepOutput::argmax, copied back into page-locked memory
+  std::array<PinnedArray<int32_t>, 2> h_staging;  // by parity, as d_step
+  std::array<PinnedArray<int32_t>, 2> h_argmax;   // StepOutput::argmax, copied back into page-locked memory
   PinnedArray<float> h_logits;  // StepOutput::logits of the last forward
   // StepBatch::draws (jobs up, tokens back), max_tokens each once a step draws
   PinnedArray<DrawJob> h_draws;
@@ -179,18 +187,35 @@ struct CudaBackend::Impl {
     std::vector<Launch> launches;
     std::vector<TimelineLaunch> kernels;  // every kernel launch of the graph (timeline builds)
   };
-  std::map<std::pair<int, int>, Captured> graphs;  // decode-only steps by bucket and attention head chunks
+  // decode-only steps by bucket, attention head chunks and parity
+  std::map<std::tuple<int, int, int>, Captured> graphs;
   std::vector<Launch> eager_launches;
   const std::vector<Launch>* launches = &eager_launches;  // of the last step
-  int step = 0;
+  int step = 0;    // steps submitted
+  int parity = 0;  // of the step being submitted: its d_step, h_staging and h_argmax
 
-  // step times: begin and end of the last step (end alternates so the previous one stays readable)
+  // A step's events: begin (before its upload), its upload on upload_stream (a fed step), its
+  // launches' begin (split_step_times) and end, the end of its copies back. Three sets, in turn: a
+  // step's idle time is read when it is collected, from the end of the step before it, while the
+  // step after it may be in flight.
+  struct StepEvents {
+    Event begin, uploaded, launches_begin, launches_end, end;
+  };
+  std::array<StepEvents, 3> events;
   StepTimes step_times;
-  Event step_begin;
-  std::array<Event, 2> step_end;
-  bool have_previous_end = false;
+  int previous_events = -1;  // of the step collected last since reset_step_times
   bool split_steps = false;
-  Event launches_begin, launches_end;
+
+  // Steps submitted and not yet collected (two at most), oldest first.
+  struct InFlight {
+    int parity = 0, events = 0, n_out = 0, n_drawn = 0;
+    std::span<const float> logits;
+    bool split = false;
+    const std::vector<TimelineLaunch>* timeline_kernels = nullptr;  // a step recording the timeline
+  };
+  std::deque<InFlight> in_flight;
+  SubmittedStep last_submitted;
+  int last_argmax_rows = 0;  // the rows the last step's argmax wrote into the next one's tokens
 
   // census: each launch's events and the bytes it must move at least (census_bytes)
   bool census_next = false, timing = false;
@@ -221,7 +246,8 @@ struct CudaBackend::Impl {
   float* slot(int s) const { return slots[size_t(s)].get(); }
   // The step's rows (a captured graph's bucket, so its launches' pointers hold).
   size_t rows_pitch() const { return io.tokens.size(); }
-  int32_t* rows_section(int i) const { return d_step.get() + size_t(i) * rows_pitch(); }
+  int32_t* rows_section(int i) const { return d_step[size_t(parity)].get() + size_t(i) * rows_pitch(); }
+  int32_t* d_next_tokens() const { return d_step[size_t(1 - parity)].get(); }
   int32_t* d_tokens() const { return rows_section(0); }
   int32_t* d_positions() const { return rows_section(1); }
   int32_t* d_slots() const { return rows_section(2); }
@@ -355,8 +381,12 @@ struct CudaBackend::Impl {
       // A producer writes only its rows: the others stay finite (they reach no stored output)
       check(cudaMemset(wgmma_operand.get(), 0, wgmma_operand.size()), "cudaMemset (operand image)");
     }
-    d_step = DeviceArray<int32_t>(7 * size_t(max_tokens));
-    h_argmax = PinnedArray<int32_t>(size_t(max_tokens));
+    for (int q = 0; q < 2; ++q) {
+      d_step[size_t(q)] = DeviceArray<int32_t>(7 * size_t(max_tokens));
+      // A captured step's padding rows embed whatever section 0 holds: a token id from the start
+      check(cudaMemset(d_step[size_t(q)].get(), 0, d_step[size_t(q)].bytes()), "cudaMemset (step rows)");
+      h_argmax[size_t(q)] = PinnedArray<int32_t>(size_t(max_tokens));
+    }
     argmax_candidates = DeviceArray<ArgmaxCandidate>(size_t(max_tokens) * kArgmaxSlices);
     d_chunks = DeviceArray<int32_t>(4 * size_t(max_tokens) + 2 * 2 * size_t(max_tokens));
     stats.workspace_bytes = workspace_bytes(max_tokens, max_outputs);
@@ -430,24 +460,50 @@ struct CudaBackend::Impl {
     io.head_groups = prefill_attention_head_groups(io.chunks, io.tiles, kv_group, io.head_group_items);
   }
 
+  // Both step buffers at least `ints` long, their contents kept (a step in flight may have written
+  // the next one's tokens).
+  void reserve_step_buffers(size_t ints) {
+    if (d_step[0].size() >= ints) return;
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize (step buffers)");
+    const size_t n = std::max(ints, 2 * d_step[0].size());
+    for (DeviceArray<int32_t>& buffer : d_step) {
+      DeviceArray<int32_t> grown(n);
+      check(cudaMemcpy(grown.get(), buffer.get(), buffer.size() * 4, cudaMemcpyDeviceToDevice), "cudaMemcpy (step rows)");
+      buffer = std::move(grown);
+    }
+    graphs.clear();  // they hold the old addresses
+  }
+
   // The step's rows and block tables in one copy (d_step; the argmax section goes up unwritten and
-  // the argmax overwrites it), the prompt chunks' descriptions in their own.
-  void upload_io() {
+  // the argmax overwrites it), the prompt chunks' descriptions in their own. A fed step's tokens
+  // are the previous step's argmax, which that step writes into section 0: the rest goes up on
+  // upload_stream, beside the previous step, and the main stream waits for it.
+  void upload_io(bool fed) {
     const size_t table_ints = io.tables.size(), step_ints = 6 * rows_pitch() + table_ints;
     const size_t chunk_ints = io.chunks.size() * 4, tile_ints = io.tiles.size() * 2;
-    if (d_step.size() < step_ints) {
-      d_step = DeviceArray<int32_t>(std::max(step_ints, 2 * d_step.size()));
-      graphs.clear();  // they hold the old addresses
-    }
+    reserve_step_buffers(step_ints);
     const size_t group_ints = io.head_groups.size() * sizeof(PrefillHeadGroup) / 4;
     const size_t staging = step_ints + chunk_ints + tile_ints + group_ints;
-    if (h_staging.size() < staging) h_staging = PinnedArray<int32_t>(std::max(staging, 2 * h_staging.size()));
-    int32_t* h = h_staging.get();
+    PinnedArray<int32_t>& h_stage = h_staging[size_t(parity)];
+    if (h_stage.size() < staging) h_stage = PinnedArray<int32_t>(std::max(staging, 2 * h_stage.size()));
+    int32_t* h = h_stage.get();
     const std::vector<int32_t>* sections[5] = {&io.tokens, &io.positions, &io.slots, &io.table_offsets, &io.output_rows};
     for (int i = 0; i < 5; ++i) std::copy(sections[i]->begin(), sections[i]->end(), h + size_t(i) * rows_pitch());
     std::copy(io.tables.begin(), io.tables.end(), h + 6 * rows_pitch());
-    check(cudaMemcpyAsync(d_step.get(), h, step_ints * 4, cudaMemcpyHostToDevice, stream.get()),
-          "cudaMemcpyAsync (step rows and block tables)");
+    if (fed) {
+      const StepEvents& ev = events[size_t(step % 3)];
+      // The previous step's argmax wrote the first tokens; a captured bucket's rows past them take
+      // the host's padding tokens, as in any step.
+      const size_t skip = std::min(size_t(last_argmax_rows), rows_pitch());
+      check(cudaMemcpyAsync(rows_section(0) + skip, h + skip, (step_ints - skip) * 4, cudaMemcpyHostToDevice,
+                            upload_stream.get()),
+            "cudaMemcpyAsync (step rows and block tables)");
+      check(cudaEventRecord(ev.uploaded.get(), upload_stream.get()), "cudaEventRecord");
+      check(cudaStreamWaitEvent(stream.get(), ev.uploaded.get()), "cudaStreamWaitEvent");
+    } else {
+      check(cudaMemcpyAsync(rows_section(0), h, step_ints * 4, cudaMemcpyHostToDevice, stream.get()),
+            "cudaMemcpyAsync (step rows and block tables)");
+    }
     int32_t* tail = h + step_ints;
     if (chunk_ints > 0) {
       std::memcpy(tail, io.chunks.data(), chunk_ints * 4);
@@ -485,9 +541,16 @@ struct CudaBackend::Impl {
                         {stream.get(), false});
   }
 
-  void forward(const StepBatch& b, StepOutput& result) {
+  void submit(const StepBatch& b) {
     validate_step(b, max_tokens, max_outputs, n_blocks, block_size, hp.n_vocab);
+    validate_submit(b, last_submitted);
     ctx.make_current();
+    // The timeline's records are the device's, one buffer: a step after it would add its own
+    if (!in_flight.empty() && in_flight.back().timeline_kernels) finish_timeline(in_flight.back());
+    parity = step % 2;
+    const int ev_index = step % 3;
+    const StepEvents& ev = events[size_t(ev_index)];
+    const bool fed = b.tokens_from_previous;
     const int n = int(b.tokens.size());
     int decode_rows = 0;
     for (const SeqChunk& c : b.chunks) decode_rows += c.decode ? 1 : 0;
@@ -504,10 +567,10 @@ struct CudaBackend::Impl {
     const bool use_graph = f.cuda_graph && !dump && !timing && all_rows_out;
     const int rows = use_graph ? std::min(bucket_rows(n), max_tokens) : n;
     build_io(b, rows - n);
-    check(cudaEventRecord(step_begin.get(), stream.get()), "cudaEventRecord");
-    upload_io();
+    check(cudaEventRecord(ev.begin.get(), stream.get()), "cudaEventRecord");
+    upload_io(fed);
     const bool split = split_steps;
-    if (split) check(cudaEventRecord(launches_begin.get(), stream.get()), "cudaEventRecord");
+    if (split) check(cudaEventRecord(ev.launches_begin.get(), stream.get()), "cudaEventRecord");
 
     int max_len = 0;
     for (const SeqChunk& c : b.chunks)
@@ -517,9 +580,11 @@ struct CudaBackend::Impl {
     const StepShape shape{geo.decode > 0, geo.decode < geo.n, all_rows_out};
     const std::vector<TimelineLaunch>* step_kernels = &eager_kernels;  // the kernels this step launches
     if (use_graph) {
-      const std::pair<int, int> key{rows, geo.attention_head_chunks};
+      const std::tuple<int, int, int> key{rows, geo.attention_head_chunks, parity};
       auto it = graphs.find(key);
       if (it == graphs.end()) {
+        // Captured on an idle stream, so that nothing before the capture can be mistaken for part of it
+        check(cudaStreamSynchronize(stream.get()), "cudaStreamSynchronize (before capture)");
         std::vector<Launch> plan = lower(graph, f, shape);
         std::vector<TimelineLaunch> kernels;
         cudaGraph_t g = nullptr;
@@ -580,10 +645,12 @@ struct CudaBackend::Impl {
     }
 
     if (!b.draws.empty()) draw(b.draws);
-    if (split) check(cudaEventRecord(launches_end.get(), stream.get()), "cudaEventRecord");
+    check(cudaEventRecord(ev.launches_end.get(), stream.get()), "cudaEventRecord");
+    const cudaStream_t back = copy_back_stream.get();
+    check(cudaStreamWaitEvent(back, ev.launches_end.get()), "cudaStreamWaitEvent");
     // Into page-locked memory: a copy to pageable memory returns only once the step has finished,
     // so the host would wait there and then enqueue the rest.
-    check(cudaMemcpyAsync(h_argmax.get(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, stream.get()),
+    check(cudaMemcpyAsync(h_argmax[size_t(parity)].get(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, back),
           "cudaMemcpyAsync (argmax)");
     const size_t vocab = size_t(hp.n_vocab);
     size_t wanted = 0;
@@ -596,46 +663,66 @@ struct CudaBackend::Impl {
     const float* logits = slot(kLogits);
     if (wanted == size_t(n_out)) {
       if (wanted > 0)
-        check(cudaMemcpyAsync(host, logits, wanted * vocab * 4, cudaMemcpyDeviceToHost, stream.get()),
+        check(cudaMemcpyAsync(host, logits, wanted * vocab * 4, cudaMemcpyDeviceToHost, back),
               "cudaMemcpyAsync (logits)");
     } else {
       size_t k = 0;
       for (int r = 0; r < n_out; ++r)
         if (b.copy_logits[size_t(r)])
           check(cudaMemcpyAsync(host + k++ * vocab, logits + size_t(r) * vocab, vocab * 4, cudaMemcpyDeviceToHost,
-                                stream.get()),
+                                back),
                 "cudaMemcpyAsync (logits)");
     }
-    result.logits = std::span<const float>(host, wanted * vocab);
     if (!b.draws.empty())
-      check(cudaMemcpyAsync(h_drawn.get(), d_drawn.get(), b.draws.size() * 4, cudaMemcpyDeviceToHost, stream.get()),
+      check(cudaMemcpyAsync(h_drawn.get(), d_drawn.get(), b.draws.size() * 4, cudaMemcpyDeviceToHost, back),
             "cudaMemcpyAsync (drawn tokens)");
-    const cudaEvent_t end = step_end[size_t(step % 2)].get();
-    check(cudaEventRecord(end, stream.get()), "cudaEventRecord");
-    check(cudaStreamSynchronize(stream.get()), "forward");
-    if (record_timeline) last_timeline = summarize_timeline(*step_kernels, timeline_collect());
+    check(cudaEventRecord(ev.end.get(), back), "cudaEventRecord");
+    last_argmax_rows = geo.out_rows;
+    in_flight.push_back({parity, ev_index, n_out, int(b.draws.size()), std::span<const float>(host, wanted * vocab), split,
+                         record_timeline ? step_kernels : nullptr});
+    last_submitted = submitted(b);
+    last_submitted.in_flight = int(in_flight.size());
+    ++step;
+  }
+
+  void finish_timeline(InFlight& f) {
+    check(cudaEventSynchronize(events[size_t(f.events)].launches_end.get()), "timeline");
+    last_timeline = summarize_timeline(*f.timeline_kernels, timeline_collect());
+    f.timeline_kernels = nullptr;
+  }
+
+  void collect(StepOutput& result) {
+    if (in_flight.empty()) fail("cuda backend: collect with no step submitted");
+    InFlight f = in_flight.front();
+    in_flight.pop_front();
+    last_submitted.in_flight = int(in_flight.size());
+    const StepEvents& ev = events[size_t(f.events)];
+    check(cudaEventSynchronize(ev.end.get()), "forward");
+    if (f.timeline_kernels) finish_timeline(f);
     float device_ms = 0, idle_ms = 0;
-    check(cudaEventElapsedTime(&device_ms, step_begin.get(), end), "cudaEventElapsedTime");
-    if (have_previous_end)
-      check(cudaEventElapsedTime(&idle_ms, step_end[size_t((step + 1) % 2)].get(), step_begin.get()),
+    check(cudaEventElapsedTime(&device_ms, ev.begin.get(), ev.end.get()), "cudaEventElapsedTime");
+    // A fed step begins before the step before it has copied its results back: no idle time
+    if (previous_events >= 0)
+      check(cudaEventElapsedTime(&idle_ms, events[size_t(previous_events)].end.get(), ev.begin.get()),
             "cudaEventElapsedTime");
-    result.argmax.assign(h_argmax.get(), h_argmax.get() + n_out);
-    result.drawn.assign(h_drawn.get(), h_drawn.get() + b.draws.size());
+    const int32_t* argmax = h_argmax[size_t(f.parity)].get();
+    result.argmax.assign(argmax, argmax + f.n_out);
+    result.drawn.assign(h_drawn.get(), h_drawn.get() + f.n_drawn);
+    result.logits = f.logits;
     step_times.steps += 1;
     step_times.device_seconds += 1e-3 * device_ms;
-    step_times.idle_seconds += 1e-3 * idle_ms;
-    if (split) {
+    step_times.idle_seconds += 1e-3 * std::max(idle_ms, 0.0f);
+    if (f.split) {
       float upload_ms = 0, launch_ms = 0, copy_back_ms = 0;
-      check(cudaEventElapsedTime(&upload_ms, step_begin.get(), launches_begin.get()), "cudaEventElapsedTime");
-      check(cudaEventElapsedTime(&launch_ms, launches_begin.get(), launches_end.get()), "cudaEventElapsedTime");
-      check(cudaEventElapsedTime(&copy_back_ms, launches_end.get(), end), "cudaEventElapsedTime");
+      check(cudaEventElapsedTime(&upload_ms, ev.begin.get(), ev.launches_begin.get()), "cudaEventElapsedTime");
+      check(cudaEventElapsedTime(&launch_ms, ev.launches_begin.get(), ev.launches_end.get()), "cudaEventElapsedTime");
+      check(cudaEventElapsedTime(&copy_back_ms, ev.launches_end.get(), ev.end.get()), "cudaEventElapsedTime");
       step_times.split_steps += 1;
       step_times.upload_seconds += 1e-3 * upload_ms;
       step_times.launch_seconds += 1e-3 * launch_ms;
       step_times.copy_back_seconds += 1e-3 * copy_back_ms;
     }
-    have_previous_end = true;
-    ++step;
+    previous_events = f.events;
   }
 
   // What a launch must move at least: a matmul's weights; the attention's K and V (f16) of the
@@ -880,7 +967,8 @@ struct CudaBackend::Impl {
         launch_gather_rows(slot(l.in), int(w_in), d_output_rows(), count, int(w_in), slot(l.out), s);
         return;
       case LaunchKind::Argmax:
-        launch_argmax_rows(slot(l.in), int(w_in), count, int(w_in), argmax_candidates.get(), d_argmax(), s);
+        launch_argmax_rows(slot(l.in), int(w_in), count, int(w_in), argmax_candidates.get(), d_argmax(), d_next_tokens(),
+                           s);
         return;
     }
   }
@@ -1156,7 +1244,8 @@ void CudaBackend::reserve(int n_blocks, int block_size, int max_tokens, int max_
 int CudaBackend::max_tokens() const { return impl_->max_tokens; }
 int CudaBackend::max_outputs() const { return impl_->max_outputs; }
 void CudaBackend::copy_blocks(std::span<const BlockCopy> copies) { impl_->copy_blocks(copies); }
-void CudaBackend::forward(const StepBatch& batch, StepOutput& out) { impl_->forward(batch, out); }
+void CudaBackend::submit(const StepBatch& batch) { impl_->submit(batch); }
+void CudaBackend::collect(StepOutput& out) { impl_->collect(out); }
 void CudaBackend::census_next_step() { impl_->census_next = true; }
 void CudaBackend::interleave_lanes(std::optional<int> decode_lead) { impl_->lanes_lead = decode_lead; }
 void CudaBackend::timeline_next_step() {
@@ -1169,7 +1258,7 @@ const LoadStats& CudaBackend::load_stats() const { return impl_->stats; }
 const StepTimes& CudaBackend::step_times() const { return impl_->step_times; }
 void CudaBackend::reset_step_times() {
   impl_->step_times = {};
-  impl_->have_previous_end = false;
+  impl_->previous_events = -1;
 }
 void CudaBackend::split_step_times(bool on) { impl_->split_steps = on; }
 const Fusions& CudaBackend::fusions() const { return impl_->fusions; }

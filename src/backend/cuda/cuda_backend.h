@@ -59,7 +59,8 @@ class CudaBackend final : public Backend {
   int max_tokens() const override;
   int max_outputs() const override;
   void copy_blocks(std::span<const BlockCopy> copies) override;
-  void forward(const StepBatch& batch, StepOutput& out) override;
+  void submit(const StepBatch& batch) override;
+  void collect(StepOutput& out) override;
 
   // The next forward runs launch by launch, timing each with CUDA events; census_result() then
   // lists the launches by name.

@@ -461,8 +461,8 @@ __global__ void argmax_slices_kernel(const float* __restrict__ x, int ld, int n,
   }
 }
 
-// One warp per row over its kArgmaxSlices candidates.
-__global__ void argmax_pick_kernel(const ArgmaxCandidate* candidates, int n, int32_t* result) {
+// One warp per row over its kArgmaxSlices candidates; the token also into next_tokens (if given).
+__global__ void argmax_pick_kernel(const ArgmaxCandidate* candidates, int n, int32_t* result, int32_t* next_tokens) {
   MINFER_TIMELINE_PROBE();
   await_predecessor();
   static_assert(kArgmaxSlices == 32, "one candidate per lane");
@@ -470,14 +470,18 @@ __global__ void argmax_pick_kernel(const ArgmaxCandidate* candidates, int n, int
   float bv = c.value;
   int bi = c.index;
   argmax_warp(bv, bi);
-  if (threadIdx.x == 0) result[blockIdx.x] = bi < n ? bi : 0;
+  if (threadIdx.x == 0) {
+    const int token = bi < n ? bi : 0;
+    result[blockIdx.x] = token;
+    if (next_tokens) next_tokens[blockIdx.x] = token;
+  }
 }
 
 void launch_argmax_rows(const float* x, int ld, int n_rows, int width, ArgmaxCandidate* candidates, int32_t* result,
-                        const KernelStream& s) {
+                        int32_t* next_tokens, const KernelStream& s) {
   if (n_rows <= 0) return;
   launch_kernel("argmax", argmax_slices_kernel, dim3(kArgmaxSlices, n_rows), 256, 0, s, x, ld, width, candidates);
-  launch_kernel("argmax", argmax_pick_kernel, n_rows, kArgmaxSlices, 0, s, candidates, width, result);
+  launch_kernel("argmax", argmax_pick_kernel, n_rows, kArgmaxSlices, 0, s, candidates, width, result, next_tokens);
 }
 
 // ---- whole-vocabulary draw -----------------------------------------------------------------------

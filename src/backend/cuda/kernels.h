@@ -155,8 +155,10 @@ struct ArgmaxCandidate {
   float value;
   int32_t index;
 };
+// result[i] = the first index of row i's largest value (0 when it has none); next_tokens, when not
+// null, gets the same (the token section of the step a fed step runs in).
 void launch_argmax_rows(const float* x, int ld, int n_rows, int width, ArgmaxCandidate* candidates, int32_t* result,
-                        const KernelStream& s);
+                        int32_t* next_tokens, const KernelStream& s);
 
 // tokens[i] = one draw from softmax(row jobs[i].row / temperature) over `width` entries with the
 // job's uniform number, bit for bit the host's draw_softmax (sampling/draw_math.h); rows `ld`
