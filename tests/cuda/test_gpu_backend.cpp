@@ -557,6 +557,14 @@ TEST(GpuBackend, RingTensorCopiesKeepTheBits) {
   for (const char* preset : {"tiny-wide", "qwen2.5-0.5b"}) expect_opt_out_keeps_the_trace(preset, "MINFER_NO_RING_TENSOR_COPIES");
 }
 
+// The weight rings' copies and the decode attention's K/V loads evict-first in L2 (cache hints:
+// no value depends on them) give the logits of L2's own eviction (MINFER_NO_L2_EVICT_FIRST), on
+// the presets whose decode matmuls take the rings (tiny-wide, qwen2.5-0.5b).
+TEST(GpuBackend, L2EvictFirstKeepsTheBits) {
+  MINFER_REQUIRE_GPU();
+  for (const char* preset : {"tiny-wide", "qwen2.5-0.5b"}) expect_opt_out_keeps_the_trace(preset, "MINFER_NO_L2_EVICT_FIRST");
+}
+
 // The decode attention's combine one CTA an SM with its partials bulk-copied gives the logits of
 // the combine without either (MINFER_NO_COMBINE_SPREAD, MINFER_NO_COMBINE_STAGING); the kernel
 // test (SplitKAttention...) compares the staged sums bitwise at depths of up to 16,384.

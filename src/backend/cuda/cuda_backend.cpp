@@ -151,6 +151,9 @@ struct CudaBackend::Impl {
   // MINFER_NO_RING_TENSOR_COPIES: the weight rings copy a round's rows one bulk copy a row
   // (MatVecExtra::ring_row_copies) instead of a tensor copy a half tile.
   const bool ring_tensor_copies = !env_flag("MINFER_NO_RING_TENSOR_COPIES");
+  // MINFER_NO_L2_EVICT_FIRST: the weight rings' copies (MatVecExtra::weights_l2_unchanged) and the
+  // decode attention's K/V loads (AttnParams::kv_evict_first) leave L2's eviction to L2.
+  const bool l2_evict_first = !env_flag("MINFER_NO_L2_EVICT_FIRST");
   DeviceArray<uint8_t> wgmma_operand;
   std::vector<DeviceArray<uint16_t>> k_cache, v_cache;  // per layer: (n_blocks + 1) blocks
   std::array<DeviceArray<float>, kNumPlanSlots> slots;
@@ -991,6 +994,7 @@ struct CudaBackend::Impl {
     p.tensor_cores = attention_tensor_cores;
     p.combine_spread = combine_spread;
     p.combine_staging = combine_staging;
+    p.kv_evict_first = l2_evict_first;
     p.early_reads = early_attention_reads;
     p.part = attn_part.get();
     p.sm_count = ctx.sm_count;
@@ -1030,6 +1034,7 @@ struct CudaBackend::Impl {
     extra.activations_from_global = !shared_activations;
     extra.every_token_column = !one_token_column;
     extra.ring_row_copies = !ring_tensor_copies;
+    extra.weights_l2_unchanged = !l2_evict_first;
     int64_t weights_in_launch = 0;
     bool q6k = false;
     for (int i = 0; i < l.n_segs; ++i) {

@@ -1012,6 +1012,8 @@ struct AttnKv {
   size_t ld;  // bytes between slots
   const int32_t* table;
   int block_shift, block_size;
+  uint64_t policy;  // the K/V loads' L2 policy (AttnParams::kv_evict_first)
+  __device__ uint4 load(const uint8_t* p) const { return prefill_detail::ld16_policy(p, policy); }
   __device__ size_t offset(int pos) const {
     return (size_t(table[pos >> block_shift]) * block_size + (pos & (block_size - 1))) * ld;
   }
@@ -1074,8 +1076,8 @@ struct AttnSimt {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (pos[u] < end) {
-        r.k[u] = ld16(kv.k + off[u] + 16 * c);
-        r.v[u] = ld16(kv.v + off[u] + 16 * c);
+        r.k[u] = kv.load(kv.k + off[u] + 16 * c);
+        r.v[u] = kv.load(kv.v + off[u] + 16 * c);
       } else {
         r.k[u] = r.v[u] = make_uint4(0, 0, 0, 0);
       }
@@ -1241,13 +1243,13 @@ struct AttnMma {
     for (int i = 0; i < 2; ++i) {
       const uint8_t* row = kv.k + off[i] + tid * (HD / 2);
 #pragma unroll
-      for (int w = 0; w < KW; ++w) r.k[i][w] = pos[i] < end ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
+      for (int w = 0; w < KW; ++w) r.k[i][w] = pos[i] < end ? kv.load(row + 16 * w) : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint8_t* row = kv.v + off[2 + i] + gid * (HD / 4);
 #pragma unroll
-      for (int w = 0; w < VW; ++w) r.v[i][w] = pos[2 + i] < end ? ld16(row + 16 * w) : make_uint4(0, 0, 0, 0);
+      for (int w = 0; w < VW; ++w) r.v[i][w] = pos[2 + i] < end ? kv.load(row + 16 * w) : make_uint4(0, 0, 0, 0);
     }
   }
   __device__ void step(const Loads& r, int base, int end) {
@@ -1348,7 +1350,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnP
             size_t(p.kv.n_kv_heads) * HD * 2,
             table,
             block_shift,
-            p.block_size};
+            p.block_size,
+            prefill_detail::l2_policy_streaming(p.kv_evict_first)};
   Body body(sh, lane);
   if (!p.early_reads) body.read_q(p, sh, t, qh0, n_heads, warp);
   typename Body::Loads cur, next;

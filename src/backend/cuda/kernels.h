@@ -270,6 +270,11 @@ struct MatVecExtra {
   // The weight rings copy each round's rows one bulk copy a row instead of a tensor copy a half tile
   // (matmul_mma.cu's RingCopyMaps; MINFER_NO_RING_TENSOR_COPIES). The same bits.
   bool ring_row_copies = false;
+  // The weight rings' copies pass the weights through L2 evict-first (read once a step, they would
+  // otherwise push out what the step's small kernels re-read: norms' weights, biases, the residual,
+  // short-context K/V), unless this is set: evict-unchanged, L2's own choice
+  // (MINFER_NO_L2_EVICT_FIRST). The same bits.
+  bool weights_l2_unchanged = false;
   // The swiglu in the epilogue of a gate/up launch (segments 0 and 1 gate and up: one type, the same
   // shape, rows a multiple of 256, no bias or residual), where swiglu_counts is set and the launch
   // takes the weight ring over several tiles: a row tile is gate rows 8i..8i+7 above up rows
@@ -384,6 +389,9 @@ struct AttnParams {
   // bit depends on them.
   bool combine_spread = true;
   bool combine_staging = true;
+  // The split's K/V loads evict-first in L2 (a decode step reads each position's K and V once),
+  // or (the backend clears it with MINFER_NO_L2_EVICT_FIRST) evict-unchanged. No bit depends on it.
+  bool kv_evict_first = true;
   // The split and combine kernels read each token's position and block table, and the split its
   // K/V rows before the token's own position, before their PDL wait, i.e. while the launch before
   // them may still run. Set it only where no kernel of the stream writes those: the decode step,

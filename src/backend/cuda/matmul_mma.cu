@@ -46,6 +46,7 @@ namespace minfer::cuda {
 namespace {
 
 using prefill_detail::bulk_copy_to_shared;
+using prefill_detail::l2_policy_streaming;
 using prefill_detail::tma_load_2d;
 using prefill_detail::fence_proxy_async_shared;
 using prefill_detail::mbarrier_arrive;
@@ -934,7 +935,7 @@ __device__ __forceinline__ void weight_ring_cta(const MmaArgs& a, const RingCopy
           mbarrier_expect_tx(bar, uint32_t(8 * Ring::kPitch));
           mbarrier_arrive(bar);
           tma_load_2d(stages + st * Ring::kStageBytes + lane * Ring::kPitch, &maps.seg[si], r * (Ring::kRoundBytes / 8),
-                      row, bar);
+                      row, bar, l2_policy_streaming(!a.extra.weights_l2_unchanged));
         } else {
           mbarrier_arrive(bar);
         }
@@ -947,7 +948,8 @@ __device__ __forceinline__ void weight_ring_cta(const MmaArgs& a, const RingCopy
       const int bytes = (min(kWarps, n_groups - kWarps * r) * Group::kGroupBytes + 15) / 16 * 16;
       mbarrier_expect_tx(bar, uint32_t(bytes));
       mbarrier_arrive(bar);
-      bulk_copy_to_shared(stages + st * Ring::kStageBytes + lane * Ring::kPitch, src, uint32_t(bytes), bar);
+      bulk_copy_to_shared(stages + st * Ring::kStageBytes + lane * Ring::kPitch, src, uint32_t(bytes), bar,
+                          l2_policy_streaming(!a.extra.weights_l2_unchanged));
     }
   };
   if (threadIdx.x == 0) {

@@ -86,35 +86,9 @@ __device__ __forceinline__ void wgmma_f16_rs(float (&d)[32], const uint32_t (&a)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
 #endif
 }
-// L2 policies: the weights pass through once (evict first); a group's operand image is read by
-// every row tile (evict last), so the weights streaming past do not push it out to memory
-// (+0.9 % at x64 depth 70, +1.3 % at depth 0: docs/perf.md, twenty-third session, run 5).
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0;\n" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
-                                          uint64_t policy) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-               " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar), "l"(policy)
-               : "memory");
-}
-// prefill_mma.cuh's tma_load_2d with an L2 policy.
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map, int inner, int outer, uint32_t bar,
-                                            uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-      "l"(tensor_map), "r"(inner), "r"(outer), "r"(bar), "l"(policy)
-      : "memory");
-}
+// L2 policies (prefill_mma.cuh): the weights pass through once (evict first); a group's operand
+// image is read by every row tile (evict last), so the weights streaming past do not push it out
+// to memory (+0.9 % at x64 depth 70, +1.3 % at depth 0: docs/perf.md, twenty-third session, run 5).
 __device__ __forceinline__ float lds_f32(uint32_t a) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a));
@@ -446,7 +420,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   };
   const auto issue_image = [&](int it, int g) {
     const int st = it % kStages;
-    bulk_copy(base0 + st * Sh::kStageBytes, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes,
+    bulk_copy_to_shared(base0 + st * Sh::kStageBytes, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes,
               shared_address(&full[st]), keep);
   };
   if (threadIdx.x == 0) {

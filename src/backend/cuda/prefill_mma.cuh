@@ -269,6 +269,37 @@ __device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbarrier_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
+// L2 cache policies for the copies and loads below that take one: data read once, passing through
+// (evict first), data many CTAs re-read (evict last), or L2's own choice (evict unchanged, where a
+// switch turns evict-first off).
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0;\n" : "=l"(p));
+  return p;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0;\n" : "=l"(p));
+  return p;
+}
+// Evict first, or (opting out) unchanged; not volatile, so that the compiler may form it where
+// it is used.
+__device__ __forceinline__ uint64_t l2_policy_streaming(bool evict_first) {
+  uint64_t p;
+  if (evict_first)
+    asm("createpolicy.fractional.L2::evict_first.b64 %0;\n" : "=l"(p));
+  else
+    asm("createpolicy.fractional.L2::evict_unchanged.b64 %0;\n" : "=l"(p));
+  return p;
+}
+// 16 bytes from global memory through the read-only path, with an L2 policy.
+__device__ __forceinline__ uint4 ld16_policy(const uint8_t* p, uint64_t policy) {
+  uint4 r;
+  asm("ld.global.nc.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
+      : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+      : "l"(p), "l"(policy));
+  return r;
+}
 // The tensor memory accelerator copies the box of a 2-D tensor map at element coordinates
 // (inner, outer) to shared memory at dst (laid out and swizzled as the map says; rows past the
 // tensor are zero-filled) and counts its bytes on the barrier bar.
@@ -283,6 +314,22 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map
 __device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+// The two copies above with an L2 policy.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tensor_map, int inner, int outer, uint32_t bar,
+                                            uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+      "l"(tensor_map), "r"(inner), "r"(outer), "r"(bar), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_copy_to_shared(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar,
+                                                    uint64_t policy) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+               " [%0], [%1], %2, [%3], %4;\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar), "l"(policy)
                : "memory");
 }
 // The tensor memory accelerator copies `bytes` (a multiple of 16; both addresses 16-byte aligned)
