@@ -430,7 +430,7 @@ int run_bench(int argc, char** argv) {
   if (!timeline.empty()) {
     auto& cb = static_cast<cuda::CudaBackend&>(engine.backend());
     bench.fill_depth(ds.front());
-    bench.generate(1, bs.front());  // captures the step's graph and warms up
+    bench.generate(2, bs.front());  // captures both step buffers' graphs (fed steps alternate) and warms up
     cb.timeline_next_step();
     bench.generate(1, bs.front());
     const TimelineSummary& t = cb.timeline_result();
