@@ -27,7 +27,8 @@ struct KernelTime {
 // Where decode and prompt steps spend their wall time, summed over the forwards since
 // reset_step_times(): the device time of each step (CUDA events from its first upload to its last
 // copy back) and the time the device sat idle before it, waiting for the host to submit it
-// (from the end of the previous step; not counted for the first step after a reset). With
+// (from the end of the previous step; not counted for the first step after a reset, none for a
+// fed step, queued before the previous one ended: StepBatch::tokens_from_previous). With
 // split_step_times(true), the device time of those steps also in its three parts: the uploads (to
 // the first launch), the launches (to the last one's end), the copies back.
 struct StepTimes {
