@@ -1,6 +1,10 @@
 #include "batching_support.h"
 
+#include <gtest/gtest.h>
+
+#include <cstring>
 #include <random>
+#include <string>
 
 #include "engine/scheduler.h"
 #include "engine/session.h"
@@ -73,8 +77,20 @@ std::vector<std::vector<int32_t>> greedy_fed(const Model& model, const BackendFa
   return out;
 }
 
+namespace {
+// One session's greedy run: the prompt, then `n` greedy tokens (Session::generate_greedy when
+// `generate`, else decode_greedy a token at a time), then the logits of the last token decoded
+// after them, so that the context the run leaves is compared too. With n_ctx = 0 the context holds
+// exactly the prompt and n tokens, else n_ctx; `error` is the message a run stopped by the context's
+// end threw.
+struct SessionGreedy {
+  std::vector<int32_t> tokens;
+  int n_past = 0;
+  std::vector<float> logits_after;
+  std::string error;
+};
 SessionGreedy session_greedy(const Model& model, const BackendFactory& backend, const std::vector<int32_t>& prompt,
-                             int n, bool generate, int n_ctx) {
+                             int n, bool generate, int n_ctx = 0) {
   SessionOptions o;
   o.n_ctx = n_ctx > 0 ? n_ctx : int(prompt.size()) + n + 1;
   o.kv_block_size = 16;
@@ -103,6 +119,29 @@ SessionGreedy session_greedy(const Model& model, const BackendFactory& backend, 
     g.logits_after.assign(l.begin(), l.end());
   }
   return g;
+}
+
+}  // namespace
+
+void expect_generate_greedy_is_decode_greedy(const Model& model, const BackendFactory& backend) {
+  const auto prompt = random_prompts(1, 5, 20, model.hp.n_vocab, 3)[0];
+  for (const int n : {1, 2, 9}) {
+    const auto fed = session_greedy(model, backend, prompt, n, true);
+    const auto one_by_one = session_greedy(model, backend, prompt, n, false);
+    EXPECT_EQ(fed.tokens, one_by_one.tokens) << n << " tokens";
+    EXPECT_EQ(fed.n_past, one_by_one.n_past) << n << " tokens";
+    ASSERT_EQ(fed.logits_after.size(), size_t(model.hp.n_vocab));
+    EXPECT_EQ(std::memcmp(fed.logits_after.data(), one_by_one.logits_after.data(), fed.logits_after.size() * 4), 0)
+        << n << " tokens";
+  }
+  const int n_ctx = int(prompt.size()) + 6;
+  const auto fed = session_greedy(model, backend, prompt, 1000, true, n_ctx);
+  const auto one_by_one = session_greedy(model, backend, prompt, 1000, false, n_ctx);
+  EXPECT_EQ(fed.tokens, one_by_one.tokens);
+  EXPECT_EQ(fed.tokens.size(), 7u);  // the prompt's token and six decoded
+  EXPECT_EQ(fed.n_past, n_ctx);
+  EXPECT_NE(fed.error.find("exceeds the context size"), std::string::npos) << fed.error;
+  EXPECT_EQ(fed.error, one_by_one.error);
 }
 
 std::vector<GreedyStream> greedy_together(const Model& model, const BackendFactory& backend,

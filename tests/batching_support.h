@@ -4,7 +4,6 @@
 #pragma once
 #include <functional>
 #include <memory>
-#include <string>
 #include <vector>
 
 #include "engine/engine.h"
@@ -33,19 +32,11 @@ std::vector<GreedyStream> greedy_together(const Model& model, const BackendFacto
 std::vector<std::vector<int32_t>> greedy_fed(const Model& model, const BackendFactory& backend,
                                              const std::vector<std::vector<int32_t>>& prompts, int n_gen,
                                              int block_size);
-// One session's greedy run: the prompt, then `n` greedy tokens (Session::generate_greedy when
-// `generate`, else decode_greedy a token at a time), then the logits of the last token decoded
-// after them, so that the context the run leaves is compared too. With n_ctx = 0 the context holds
-// exactly the prompt and n tokens, else n_ctx; `error` is the message a run stopped by the context's
-// end threw.
-struct SessionGreedy {
-  std::vector<int32_t> tokens;
-  int n_past = 0;
-  std::vector<float> logits_after;
-  std::string error;
-};
-SessionGreedy session_greedy(const Model& model, const BackendFactory& backend, const std::vector<int32_t>& prompt,
-                             int n, bool generate, int n_ctx = 0);
+// Session::generate_greedy against decode_greedy a token at a time on one backend (gtest
+// expectations): the same tokens after 1, 2 and 9 of them, the same context left (the logits of the
+// next token decoded after them, bit for bit), and at a context that ends six tokens past the
+// prompt the same tokens and the same error.
+void expect_generate_greedy_is_decode_greedy(const Model& model, const BackendFactory& backend);
 std::vector<std::vector<int32_t>> random_prompts(int n, int min_len, int max_len, int n_vocab, uint64_t salt);
 // Each prompt's n_gen sampled tokens (end tokens ignored) through the scheduler, up to max_seqs at
 // a time; request i samples with `sampling` at seed sampling.seed + i. want_logits: each request

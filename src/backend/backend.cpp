@@ -53,13 +53,12 @@ void validate_step(const StepBatch& b, int max_tokens, int max_outputs, int n_bl
   }
 }
 
-void validate_submit(const StepBatch& b, const SubmittedStep& previous) {
-  if (previous.in_flight > 1) fail("backend: two steps are in flight; collect one before submitting another");
-  if (previous.in_flight == 1) {
+void validate_submit(const StepBatch& b, const SubmittedStep& previous, int in_flight) {
+  if (in_flight > 1) fail("backend: two steps are in flight; collect one before submitting another");
+  if (in_flight == 1) {
     if (!b.tokens_from_previous)
       fail("backend: a step submitted while another is in flight must take its tokens from that step's argmax");
-    if (previous.copies_back || !b.draws.empty() ||
-        std::any_of(b.copy_logits.begin(), b.copy_logits.end(), [](uint8_t c) { return c != 0; }))
+    if (previous.copies_back || submitted(b).copies_back)
       fail("backend: steps in flight together copy no logits back and draw no tokens");
   }
   if (!b.tokens_from_previous) return;
@@ -72,7 +71,7 @@ void validate_submit(const StepBatch& b, const SubmittedStep& previous) {
 
 SubmittedStep submitted(const StepBatch& b) {
   const bool logits = std::any_of(b.copy_logits.begin(), b.copy_logits.end(), [](uint8_t c) { return c != 0; });
-  return {int(b.output_rows.size()), logits || !b.draws.empty(), 0};
+  return {int(b.output_rows.size()), logits || !b.draws.empty()};
 }
 
 #ifndef MINFER_HAVE_CUDA

@@ -110,12 +110,12 @@ void validate_step(const StepBatch& batch, int max_tokens, int max_outputs, int 
 struct SubmittedStep {
   int output_rows = -1;      // -1: none submitted yet
   bool copies_back = false;  // logits or draws
-  int in_flight = 0;         // steps submitted and not yet collected, this one among them
 };
-// Checks a step against the one submitted before it (StepBatch::tokens_from_previous, the rule for
-// a step submitted while another is in flight) and throws minfer::Error naming the problem.
-void validate_submit(const StepBatch& batch, const SubmittedStep& previous);
-// What validate_submit keeps of `batch` (in_flight left for the backend to count).
+// Checks a step against the one submitted before it (StepBatch::tokens_from_previous), with
+// `in_flight` steps submitted and not yet collected (the rule for a step submitted while another
+// is in flight), and throws minfer::Error naming the problem.
+void validate_submit(const StepBatch& batch, const SubmittedStep& previous, int in_flight);
+// What validate_submit keeps of `batch`.
 SubmittedStep submitted(const StepBatch& batch);
 
 // MINFER_DUMP=DIR: each backend calls this after every node (step = forward call index).

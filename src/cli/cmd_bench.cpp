@@ -18,7 +18,6 @@
 #include "cli/common.h"
 #include "engine/engine.h"
 #include "gguf/gguf.h"
-#include "util/env.h"
 #include "util/error.h"
 #include "util/files.h"
 #ifdef MINFER_HAVE_CUDA
@@ -179,7 +178,7 @@ class Bench {
   Engine& engine_;
   KvPool::Sequence base_;
   Step step_, fed_step_;
-  const bool fed_steps_ = !env_flag("MINFER_NO_FED_STEPS");
+  const bool fed_steps_ = fed_steps_enabled();
   std::mt19937_64 rng_;
 };
 

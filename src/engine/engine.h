@@ -117,6 +117,7 @@ class Step {
   int32_t drawn(int item) const;
 
  private:
+  void submit(bool tokens_from_previous);
   struct Item {
     KvPool::Sequence* seq;
     int first_token;  // in tokens_
@@ -133,7 +134,6 @@ class Step {
   std::vector<int32_t> tokens_;
   int n_tokens_ = 0, n_outputs_ = 0;
   StepOutput out_;
-  void submit(bool tokens_from_previous);
   uint64_t ran_as_ = 0;  // engine_.forwards() after this step's submit
   // assembled by run()
   std::vector<int32_t> batch_tokens_, output_rows_;

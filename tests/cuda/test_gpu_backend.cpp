@@ -899,24 +899,7 @@ TEST(GpuBackend, FedStepsGiveEachPromptsGreedyStream) {
 TEST(GpuBackend, GenerateGreedyIsDecodeGreedyAStepAtATime) {
   MINFER_REQUIRE_GPU();
   const Synth& s = synth_model("tiny");
-  const auto prompt = test::random_prompts(1, 5, 20, s.model.hp.n_vocab, 3)[0];
-  for (const int n : {1, 2, 9}) {
-    const auto fed = test::session_greedy(s.model, gpu_backend(), prompt, n, true);
-    const auto one_by_one = test::session_greedy(s.model, gpu_backend(), prompt, n, false);
-    EXPECT_EQ(fed.tokens, one_by_one.tokens) << n << " tokens";
-    EXPECT_EQ(fed.n_past, one_by_one.n_past) << n << " tokens";
-    ASSERT_EQ(fed.logits_after.size(), size_t(s.model.hp.n_vocab));
-    EXPECT_EQ(std::memcmp(fed.logits_after.data(), one_by_one.logits_after.data(), fed.logits_after.size() * 4), 0)
-        << n << " tokens";
-  }
-  const int n_ctx = int(prompt.size()) + 6;
-  const auto fed = test::session_greedy(s.model, gpu_backend(), prompt, 1000, true, n_ctx);
-  const auto one_by_one = test::session_greedy(s.model, gpu_backend(), prompt, 1000, false, n_ctx);
-  EXPECT_EQ(fed.tokens, one_by_one.tokens);
-  EXPECT_EQ(fed.tokens.size(), 7u);  // the prompt's token and six decoded
-  EXPECT_EQ(fed.n_past, n_ctx);
-  EXPECT_NE(fed.error.find("exceeds the context size"), std::string::npos) << fed.error;
-  EXPECT_EQ(fed.error, one_by_one.error);
+  test::expect_generate_greedy_is_decode_greedy(s.model, gpu_backend());
 }
 
 // `minfer batch` on the GPU: --parallel 1 and --parallel 8 write the same greedy lines.

@@ -86,7 +86,7 @@ class CpuBackend final : public Backend {
   // The step runs here, in submit; collect hands over its results.
   void submit(const StepBatch& in) override {
     validate_step(in, max_tokens_, max_outputs_, n_blocks_, block_size_, model_.hp.n_vocab);
-    validate_submit(in, last_);
+    validate_submit(in, last_, int(done_.size()));
     StepBatch batch = in;
     if (in.tokens_from_previous) batch.tokens = last_argmax_;
     StepOutput& result = done_.emplace_back();
@@ -98,14 +98,12 @@ class CpuBackend final : public Backend {
     }
     last_argmax_ = result.argmax;
     last_ = submitted(in);
-    last_.in_flight = int(done_.size());
   }
 
   void collect(StepOutput& out) override {
     if (done_.empty()) fail("backend: collect with no step submitted");
     out = std::move(done_.front());
     done_.pop_front();
-    last_.in_flight = int(done_.size());
   }
 
  private:

@@ -168,7 +168,7 @@ struct CudaBackend::Impl {
   DeviceArray<uint8_t> gemm_weight_image;  // PrefillGemm::weight_image_buffer (empty below its token count)
   // The step's rows and block tables, so that a step uploads them in one copy: six sections of
   // rows_pitch() ints (tokens | positions | slots | table offsets | output rows | argmax), then the
-  // tables; grows with the tables. Two, taken by steps in turn (`parity`): a step's argmax also
+  // tables; grows with the tables. Two, taken by steps in turn (`parity()`): a step's argmax also
   // goes into the other one's tokens, where a step fed by it (StepBatch::tokens_from_previous)
   // finds them while the step before it still runs.
   std::array<DeviceArray<int32_t>, 2> d_step;
@@ -194,8 +194,10 @@ struct CudaBackend::Impl {
   std::map<std::tuple<int, int, int>, Captured> graphs;
   std::vector<Launch> eager_launches;
   const std::vector<Launch>* launches = &eager_launches;  // of the last step
-  int step = 0;    // steps submitted
-  int parity = 0;  // of the step being submitted: its d_step, h_staging and h_argmax
+  int step = 0;  // steps submitted: the index of the step being submitted
+  // The step's d_step, h_staging and h_argmax (two of each, taken in turn).
+  static int parity_of(int s) { return s % 2; }
+  int parity() const { return parity_of(step); }
 
   // A step's events: begin (before its upload), its upload on upload_stream (a fed step), its
   // launches' begin (split_step_times) and end, the end of its copies back. Three sets, in turn: a
@@ -205,13 +207,14 @@ struct CudaBackend::Impl {
     Event begin, uploaded, launches_begin, launches_end, end;
   };
   std::array<StepEvents, 3> events;
+  StepEvents& events_of(int s) { return events[size_t(s % 3)]; }
   StepTimes step_times;
-  int previous_events = -1;  // of the step collected last since reset_step_times
+  int previous_collected = -1;  // the step collected last since reset_step_times
   bool split_steps = false;
 
   // Steps submitted and not yet collected (two at most), oldest first.
   struct InFlight {
-    int parity = 0, events = 0, n_out = 0, n_drawn = 0;
+    int step = 0, n_out = 0, n_drawn = 0;
     std::span<const float> logits;
     bool split = false;
     const std::vector<TimelineLaunch>* timeline_kernels = nullptr;  // a step recording the timeline
@@ -249,8 +252,8 @@ struct CudaBackend::Impl {
   float* slot(int s) const { return slots[size_t(s)].get(); }
   // The step's rows (a captured graph's bucket, so its launches' pointers hold).
   size_t rows_pitch() const { return io.tokens.size(); }
-  int32_t* rows_section(int i) const { return d_step[size_t(parity)].get() + size_t(i) * rows_pitch(); }
-  int32_t* d_next_tokens() const { return d_step[size_t(1 - parity)].get(); }
+  int32_t* rows_section(int i) const { return d_step[size_t(parity())].get() + size_t(i) * rows_pitch(); }
+  int32_t* d_next_tokens() const { return d_step[size_t(1 - parity())].get(); }
   int32_t* d_tokens() const { return rows_section(0); }
   int32_t* d_positions() const { return rows_section(1); }
   int32_t* d_slots() const { return rows_section(2); }
@@ -487,14 +490,14 @@ struct CudaBackend::Impl {
     reserve_step_buffers(step_ints);
     const size_t group_ints = io.head_groups.size() * sizeof(PrefillHeadGroup) / 4;
     const size_t staging = step_ints + chunk_ints + tile_ints + group_ints;
-    PinnedArray<int32_t>& h_stage = h_staging[size_t(parity)];
+    PinnedArray<int32_t>& h_stage = h_staging[size_t(parity())];
     if (h_stage.size() < staging) h_stage = PinnedArray<int32_t>(std::max(staging, 2 * h_stage.size()));
     int32_t* h = h_stage.get();
     const std::vector<int32_t>* sections[5] = {&io.tokens, &io.positions, &io.slots, &io.table_offsets, &io.output_rows};
     for (int i = 0; i < 5; ++i) std::copy(sections[i]->begin(), sections[i]->end(), h + size_t(i) * rows_pitch());
     std::copy(io.tables.begin(), io.tables.end(), h + 6 * rows_pitch());
     if (fed) {
-      const StepEvents& ev = events[size_t(step % 3)];
+      const StepEvents& ev = events_of(step);
       // The previous step's argmax wrote the first tokens; a captured bucket's rows past them take
       // the host's padding tokens, as in any step.
       const size_t skip = std::min(size_t(last_argmax_rows), rows_pitch());
@@ -546,13 +549,11 @@ struct CudaBackend::Impl {
 
   void submit(const StepBatch& b) {
     validate_step(b, max_tokens, max_outputs, n_blocks, block_size, hp.n_vocab);
-    validate_submit(b, last_submitted);
+    validate_submit(b, last_submitted, int(in_flight.size()));
     ctx.make_current();
     // The timeline's records are the device's, one buffer: a step after it would add its own
     if (!in_flight.empty() && in_flight.back().timeline_kernels) finish_timeline(in_flight.back());
-    parity = step % 2;
-    const int ev_index = step % 3;
-    const StepEvents& ev = events[size_t(ev_index)];
+    const StepEvents& ev = events_of(step);
     const bool fed = b.tokens_from_previous;
     const int n = int(b.tokens.size());
     int decode_rows = 0;
@@ -583,7 +584,7 @@ struct CudaBackend::Impl {
     const StepShape shape{geo.decode > 0, geo.decode < geo.n, all_rows_out};
     const std::vector<TimelineLaunch>* step_kernels = &eager_kernels;  // the kernels this step launches
     if (use_graph) {
-      const std::tuple<int, int, int> key{rows, geo.attention_head_chunks, parity};
+      const std::tuple<int, int, int> key{rows, geo.attention_head_chunks, parity()};
       auto it = graphs.find(key);
       if (it == graphs.end()) {
         // Captured on an idle stream, so that nothing before the capture can be mistaken for part of it
@@ -653,7 +654,7 @@ struct CudaBackend::Impl {
     check(cudaStreamWaitEvent(back, ev.launches_end.get()), "cudaStreamWaitEvent");
     // Into page-locked memory: a copy to pageable memory returns only once the step has finished,
     // so the host would wait there and then enqueue the rest.
-    check(cudaMemcpyAsync(h_argmax[size_t(parity)].get(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, back),
+    check(cudaMemcpyAsync(h_argmax[size_t(parity())].get(), d_argmax(), size_t(n_out) * 4, cudaMemcpyDeviceToHost, back),
           "cudaMemcpyAsync (argmax)");
     const size_t vocab = size_t(hp.n_vocab);
     size_t wanted = 0;
@@ -681,15 +682,14 @@ struct CudaBackend::Impl {
             "cudaMemcpyAsync (drawn tokens)");
     check(cudaEventRecord(ev.end.get(), back), "cudaEventRecord");
     last_argmax_rows = geo.out_rows;
-    in_flight.push_back({parity, ev_index, n_out, int(b.draws.size()), std::span<const float>(host, wanted * vocab), split,
+    in_flight.push_back({step, n_out, int(b.draws.size()), std::span<const float>(host, wanted * vocab), split,
                          record_timeline ? step_kernels : nullptr});
     last_submitted = submitted(b);
-    last_submitted.in_flight = int(in_flight.size());
     ++step;
   }
 
   void finish_timeline(InFlight& f) {
-    check(cudaEventSynchronize(events[size_t(f.events)].launches_end.get()), "timeline");
+    check(cudaEventSynchronize(events_of(f.step).launches_end.get()), "timeline");
     last_timeline = summarize_timeline(*f.timeline_kernels, timeline_collect());
     f.timeline_kernels = nullptr;
   }
@@ -698,17 +698,16 @@ struct CudaBackend::Impl {
     if (in_flight.empty()) fail("cuda backend: collect with no step submitted");
     InFlight f = in_flight.front();
     in_flight.pop_front();
-    last_submitted.in_flight = int(in_flight.size());
-    const StepEvents& ev = events[size_t(f.events)];
+    const StepEvents& ev = events_of(f.step);
     check(cudaEventSynchronize(ev.end.get()), "forward");
     if (f.timeline_kernels) finish_timeline(f);
     float device_ms = 0, idle_ms = 0;
     check(cudaEventElapsedTime(&device_ms, ev.begin.get(), ev.end.get()), "cudaEventElapsedTime");
     // A fed step begins before the step before it has copied its results back: no idle time
-    if (previous_events >= 0)
-      check(cudaEventElapsedTime(&idle_ms, events[size_t(previous_events)].end.get(), ev.begin.get()),
+    if (previous_collected >= 0)
+      check(cudaEventElapsedTime(&idle_ms, events_of(previous_collected).end.get(), ev.begin.get()),
             "cudaEventElapsedTime");
-    const int32_t* argmax = h_argmax[size_t(f.parity)].get();
+    const int32_t* argmax = h_argmax[size_t(parity_of(f.step))].get();
     result.argmax.assign(argmax, argmax + f.n_out);
     result.drawn.assign(h_drawn.get(), h_drawn.get() + f.n_drawn);
     result.logits = f.logits;
@@ -725,7 +724,7 @@ struct CudaBackend::Impl {
       step_times.launch_seconds += 1e-3 * launch_ms;
       step_times.copy_back_seconds += 1e-3 * copy_back_ms;
     }
-    previous_events = f.events;
+    previous_collected = f.step;
   }
 
   // What a launch must move at least: a matmul's weights; the attention's K and V (f16) of the
@@ -1263,7 +1262,7 @@ const LoadStats& CudaBackend::load_stats() const { return impl_->stats; }
 const StepTimes& CudaBackend::step_times() const { return impl_->step_times; }
 void CudaBackend::reset_step_times() {
   impl_->step_times = {};
-  impl_->previous_events = -1;
+  impl_->previous_collected = -1;
 }
 void CudaBackend::split_step_times(bool on) { impl_->split_steps = on; }
 const Fusions& CudaBackend::fusions() const { return impl_->fusions; }

@@ -421,7 +421,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const auto issue_image = [&](int it, int g) {
     const int st = it % kStages;
     bulk_copy_to_shared(base0 + st * Sh::kStageBytes, a.image + size_t(g) * kImageBytes, Fmt::kCopyBytes,
-              shared_address(&full[st]), keep);
+                        shared_address(&full[st]), keep);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) mbarrier_init(shared_address(&full[s]), 1), released[s] = 0;
