@@ -13,8 +13,9 @@
 //   persistent: one launch, a CTA an SM, 13 stages; one lane copies the SM's chunks of every phase
 //               in order, stopped only by a full ring; the consumer warps (16 or 8) wait on a
 //               device-wide counter before each phase (barriers=0: no counters, the bytes alone).
-// Build: nvcc -O3 -std=c++20 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a
-//        -o phase_chain tools/phase-chain/phase_chain.cu
+// The barriers, copies and L2 policy are the backend's own (prefill_mma.cuh).
+// Build (from the repository root): nvcc -O3 -std=c++20 --expt-relaxed-constexpr -I src
+//        -gencode arch=compute_90a,code=sm_90a -o phase_chain tools/phase-chain/phase_chain.cu
 // Usage: phase_chain [layers=48]; prints ms a step (median of 7), µs a layer, GB/s and t/s for each
 // work level, with and without the copies.
 #include <cuda_runtime.h>
@@ -24,6 +25,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
+
+#include "backend/cuda/prefill_mma.cuh"
 
 #define CK(x)                                                                       \
   do {                                                                              \
@@ -46,44 +49,37 @@ struct Step {
   int n;
 };
 
-__device__ __forceinline__ uint32_t smem_address(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-__device__ __forceinline__ void bar_init(uint32_t b, uint32_t c) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(b), "r"(c) : "memory");
+__device__ __forceinline__ int64_t n_chunks(int64_t bytes) { return (bytes + kChunk - 1) / kChunk; }
+__device__ __forceinline__ uint32_t chunk_bytes(int64_t bytes, int64_t c) {
+  return uint32_t(std::min<int64_t>(kChunk, bytes - c * kChunk));
 }
-__device__ __forceinline__ void bar_arrive(uint32_t b) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(b) : "memory");
+
+using minfer::cuda::prefill_detail::bulk_copy_to_shared;
+using minfer::cuda::prefill_detail::l2_policy_evict_first;
+using minfer::cuda::prefill_detail::lds128;
+using minfer::cuda::prefill_detail::mbarrier_arrive;
+using minfer::cuda::prefill_detail::mbarrier_expect_tx;
+using minfer::cuda::prefill_detail::mbarrier_init;
+using minfer::cuda::prefill_detail::mbarrier_wait;
+using minfer::cuda::prefill_detail::shared_address;
+
+// Stage `stage` of a ring takes chunk c of a phase's bytes at w (copies: a bulk copy counted on the
+// stage's full barrier; otherwise the barrier completes on the arrival alone and the stage keeps its
+// stale bytes).
+__device__ __forceinline__ void fill_stage(uint8_t* smem, uint64_t* full, int stage, const uint8_t* w, int64_t bytes,
+                                           int64_t c, bool copies, uint64_t policy) {
+  const uint32_t bar = shared_address(&full[stage]);
+  const uint32_t b = chunk_bytes(bytes, c);
+  if (copies) mbarrier_expect_tx(bar, b);
+  mbarrier_arrive(bar);
+  if (copies) bulk_copy_to_shared(shared_address(smem + stage * kChunk), w + c * kChunk, b, bar, policy);
 }
-__device__ __forceinline__ void bar_arrive_tx(uint32_t b, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bar_wait(uint32_t b, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred d;\nW: mbarrier.try_wait.parity.shared::cta.b64 d, [%0], %1;\n@!d bra W;\n}\n" ::"r"(b),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ void copy_in(uint32_t dst, const void* src, uint32_t bytes, uint32_t b, uint64_t pol) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          dst),
-      "l"(src), "r"(bytes), "r"(b), "l"(pol)
-      : "memory");
-}
-__device__ __forceinline__ uint64_t evict_first() {
-  uint64_t p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ uint4 lds(uint32_t a) {
-  uint4 r;
-  asm volatile("ld.shared.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "r"(a));
-  return r;
-}
+
 // The consumer's work on one chunk: thread t of n reads its 16-byte words and multiplies each
 // W times (4 independent dp4a chains).
 __device__ __forceinline__ void consume(uint32_t base, uint32_t bytes, int t, int n, int work, int (&acc)[4]) {
   for (uint32_t o = uint32_t(t) * 16; o < bytes; o += uint32_t(n) * 16) {
-    const uint4 v = lds(base + o);
+    const uint4 v = lds128(base + o);
     for (int i = 0; i < work; ++i) {
       acc[0] = __dp4a(int(v.x), acc[3] | 1, acc[0]);
       acc[1] = __dp4a(int(v.y), acc[0] | 1, acc[1]);
@@ -91,10 +87,6 @@ __device__ __forceinline__ void consume(uint32_t base, uint32_t bytes, int t, in
       acc[3] = __dp4a(int(v.w), acc[2] | 1, acc[3]);
     }
   }
-}
-__device__ __forceinline__ int64_t n_chunks(int64_t bytes) { return (bytes + kChunk - 1) / kChunk; }
-__device__ __forceinline__ uint32_t chunk_bytes(int64_t bytes, int64_t c) {
-  return uint32_t(std::min<int64_t>(kChunk, bytes - c * kChunk));
 }
 
 // ---- persistent: one launch ----
@@ -109,27 +101,22 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1), 1)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = gridDim.x;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kPersistentStages; ++s) bar_init(smem_address(&full[s]), 1), bar_init(smem_address(&empty[s]), kConsumerWarps);
+    for (int s = 0; s < kPersistentStages; ++s)
+      mbarrier_init(shared_address(&full[s]), 1), mbarrier_init(shared_address(&empty[s]), kConsumerWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   const int n = step->n;
   if (warp == kConsumerWarps) {  // the producer
     if (lane != 0) return;
-    const uint64_t pol = evict_first();
+    const uint64_t pol = l2_policy_evict_first();
     int64_t k = 0;
     for (int p = 0; p < n; ++p) {
       const Phase ph = step->phases[p];
       for (int64_t c = blockIdx.x; c < n_chunks(ph.bytes); c += G, ++k) {
         const int s = int(k % kPersistentStages);
-        if (k >= kPersistentStages) bar_wait(smem_address(&empty[s]), uint32_t((k / kPersistentStages - 1) & 1));
-        const uint32_t b = chunk_bytes(ph.bytes, c);
-        if (copies) {
-          bar_arrive_tx(smem_address(&full[s]), b);
-          copy_in(smem_address(smem + s * kChunk), ph.w + c * kChunk, b, smem_address(&full[s]), pol);
-        } else {
-          bar_arrive(smem_address(&full[s]));
-        }
+        if (k >= kPersistentStages) mbarrier_wait(shared_address(&empty[s]), uint32_t((k / kPersistentStages - 1) & 1));
+        fill_stage(smem, full, s, ph.w, ph.bytes, c, copies, pol);
       }
     }
     return;
@@ -149,10 +136,10 @@ __global__ void __launch_bounds__(32 * (kConsumerWarps + 1), 1)
     const Phase ph = step->phases[p];
     for (int64_t c = blockIdx.x; c < n_chunks(ph.bytes); c += G, ++k) {
       const int s = int(k % kPersistentStages);
-      bar_wait(smem_address(&full[s]), uint32_t((k / kPersistentStages) & 1));
-      consume(smem_address(smem + s * kChunk), chunk_bytes(ph.bytes, c), t, nt, work, acc);
+      mbarrier_wait(shared_address(&full[s]), uint32_t((k / kPersistentStages) & 1));
+      consume(shared_address(smem + s * kChunk), chunk_bytes(ph.bytes, c), t, nt, work, acc);
       __syncwarp();
-      if (lane == 0) bar_arrive(smem_address(&empty[s]));
+      if (lane == 0) mbarrier_arrive(shared_address(&empty[s]));
     }
     if (barriers) {
       asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory");
@@ -172,20 +159,13 @@ __global__ void __launch_bounds__(32 * (kChainWarps + 1), kChainCtasPerSm)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int G = gridDim.x;
   const int64_t mine = bytes > 0 ? (n_chunks(bytes) - blockIdx.x + G - 1) / G : 0;
-  const uint64_t pol = evict_first();
+  const uint64_t pol = l2_policy_evict_first();
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kChainStages; ++s) bar_init(smem_address(&full[s]), 1), bar_init(smem_address(&empty[s]), kChainWarps);
+    for (int s = 0; s < kChainStages; ++s)
+      mbarrier_init(shared_address(&full[s]), 1), mbarrier_init(shared_address(&empty[s]), kChainWarps);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    for (int64_t k = 0; k < std::min<int64_t>(mine, kChainStages); ++k) {  // before the wait: weights only
-      const int64_t c = blockIdx.x + k * G;
-      const uint32_t b = chunk_bytes(bytes, c);
-      if (copies) {
-        bar_arrive_tx(smem_address(&full[k]), b);
-        copy_in(smem_address(smem + k * kChunk), w + c * kChunk, b, smem_address(&full[k]), pol);
-      } else {
-        bar_arrive(smem_address(&full[k]));
-      }
-    }
+    for (int64_t k = 0; k < std::min<int64_t>(mine, kChainStages); ++k)  // before the wait: weights only
+      fill_stage(smem, full, int(k), w, bytes, blockIdx.x + k * G, copies, pol);
   }
   __syncthreads();
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -194,15 +174,8 @@ __global__ void __launch_bounds__(32 * (kChainWarps + 1), kChainCtasPerSm)
     if (lane != 0) return;
     for (int64_t k = kChainStages; k < mine; ++k) {
       const int s = int(k % kChainStages);
-      bar_wait(smem_address(&empty[s]), uint32_t((k / kChainStages - 1) & 1));
-      const int64_t c = blockIdx.x + k * G;
-      const uint32_t b = chunk_bytes(bytes, c);
-      if (copies) {
-        bar_arrive_tx(smem_address(&full[s]), b);
-        copy_in(smem_address(smem + s * kChunk), w + c * kChunk, b, smem_address(&full[s]), pol);
-      } else {
-        bar_arrive(smem_address(&full[s]));
-      }
+      mbarrier_wait(shared_address(&empty[s]), uint32_t((k / kChainStages - 1) & 1));
+      fill_stage(smem, full, s, w, bytes, blockIdx.x + k * G, copies, pol);
     }
     return;
   }
@@ -210,10 +183,10 @@ __global__ void __launch_bounds__(32 * (kChainWarps + 1), kChainCtasPerSm)
   const int t = threadIdx.x, nt = 32 * kChainWarps;
   for (int64_t k = 0; k < mine; ++k) {
     const int s = int(k % kChainStages);
-    bar_wait(smem_address(&full[s]), uint32_t((k / kChainStages) & 1));
-    consume(smem_address(smem + s * kChunk), chunk_bytes(bytes, blockIdx.x + k * G), t, nt, work, acc);
+    mbarrier_wait(shared_address(&full[s]), uint32_t((k / kChainStages) & 1));
+    consume(shared_address(smem + s * kChunk), chunk_bytes(bytes, blockIdx.x + k * G), t, nt, work, acc);
     __syncwarp();
-    if (lane == 0) bar_arrive(smem_address(&empty[s]));
+    if (lane == 0) mbarrier_arrive(shared_address(&empty[s]));
   }
   asm volatile("bar.sync 1, %0;" ::"r"(nt) : "memory");  // the phase's result, as a join would
   if (acc[0] + acc[1] + acc[2] + acc[3] == 0x7fffffff) sink[t] = 1;
@@ -263,7 +236,8 @@ int main(int argc, char** argv) {
 
   constexpr int kPersistentWarps = 16;
   const size_t persistent_smem = size_t(kPersistentStages) * kChunk, chain_smem = size_t(kChainStages) * kChunk;
-  CK(cudaFuncSetAttribute(persistent_kernel<kPersistentWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(persistent_smem)));
+  CK(cudaFuncSetAttribute(persistent_kernel<kPersistentWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                          int(persistent_smem)));
   CK(cudaFuncSetAttribute(persistent_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(persistent_smem)));
   CK(cudaFuncSetAttribute(launch_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(chain_smem)));
   cudaStream_t st;
@@ -286,7 +260,8 @@ int main(int argc, char** argv) {
       pdl.val.programmaticStreamSerializationAllowed = 1;
       cfg.attrs = &pdl;
       cfg.numAttrs = 1;
-      CK(cudaLaunchKernelEx(&cfg, launch_chain_kernel, (const uint8_t*)h.phases[i].w, h.phases[i].bytes, work, copies, sink));
+      CK(cudaLaunchKernelEx(&cfg, launch_chain_kernel, (const uint8_t*)h.phases[i].w, h.phases[i].bytes, work, copies,
+                            sink));
     }
     CK(cudaStreamEndCapture(st, &g));
     cudaGraphExec_t ge;
@@ -318,8 +293,8 @@ int main(int argc, char** argv) {
       for (int barriers : {1, 0}) {
         std::snprintf(name, sizeof name, "persistent16 work=%d copies=%d barriers=%d", work, copies, barriers);
         report(name, time_it([&] {
-          persistent_kernel<kPersistentWarps><<<sms, 32 * (kPersistentWarps + 1), persistent_smem, st>>>(d_step, counters, work, barriers,
-                                                                               copies, sink);
+          persistent_kernel<kPersistentWarps><<<sms, 32 * (kPersistentWarps + 1), persistent_smem, st>>>(
+              d_step, counters, work, barriers, copies, sink);
         }));
       }
       std::snprintf(name, sizeof name, "persistent8  work=%d copies=%d barriers=1", work, copies);
