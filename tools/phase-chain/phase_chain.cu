@@ -266,6 +266,7 @@ int main(int argc, char** argv) {
     CK(cudaStreamEndCapture(st, &g));
     cudaGraphExec_t ge;
     CK(cudaGraphInstantiate(&ge, g, 0));
+    CK(cudaGraphDestroy(g));
     return ge;
   };
   auto time_it = [&](auto&& launch) {
@@ -299,7 +300,7 @@ int main(int argc, char** argv) {
       }
       std::snprintf(name, sizeof name, "persistent8  work=%d copies=%d barriers=1", work, copies);
       report(name, time_it([&] {
-        persistent_kernel<8><<<sms, 32 * 9, persistent_smem, st>>>(d_step, counters, work, 1, copies, sink);
+        persistent_kernel<8><<<sms, 32 * (8 + 1), persistent_smem, st>>>(d_step, counters, work, 1, copies, sink);
       }));
       cudaGraphExec_t ge = chain_graph(work, copies);
       std::snprintf(name, sizeof name, "chain        work=%d copies=%d", work, copies);
