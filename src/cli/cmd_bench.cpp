@@ -127,33 +127,25 @@ class Bench {
     std::vector<KvPool::Sequence> seqs;
     for (int b = 0; b < batch; ++b) seqs.push_back(base_.fork(base_.n_tokens()));
     std::vector<int32_t> next = tokens(batch);
-    const auto add_tokens = [&](Step& step, int i) {
+    int filled = 0, taken = 0;
+    const auto add_tokens = [&](Step& step) {
       step.clear();
       for (int b = 0; b < batch; ++b)
         if (step.add(seqs[size_t(b)], std::span<const int32_t>(&next[size_t(b)], 1), true, Step::Output::Last, false) < 0)
-          fail("no room for ", batch, " sequences at depth ", base_.n_tokens() + i,
+          fail("no room for ", batch, " sequences at depth ", base_.n_tokens() + filled,
                " (KV pool of ", engine_.kv().n_blocks(), " blocks)");
+      ++filled;
     };
     const auto take_tokens = [&](const Step& step) {
       for (int b = 0; b < batch; ++b) next[size_t(b)] = step.argmax(b)[0];
+      return ++taken < n;
     };
     const auto t0 = Clock::now();
     if (fed_steps_ && n > 0) {
-      Step *running = &step_, *queued = &fed_step_;
-      add_tokens(*running, 0);
-      running->submit();
-      for (int i = 1; i < n; ++i) {
-        add_tokens(*queued, i);  // next[] holds placeholders here
-        queued->submit_after(*running);
-        running->collect();
-        take_tokens(*running);
-        std::swap(running, queued);
-      }
-      running->collect();
-      take_tokens(*running);
+      run_fed_steps(engine_, step_, fed_step_, add_tokens, [&] { return filled < n; }, take_tokens);
     } else {
       for (int i = 0; i < n; ++i) {
-        add_tokens(step_, i);
+        add_tokens(step_);
         step_.run();
         take_tokens(step_);
       }

@@ -115,6 +115,36 @@ void Step::submit_after(const Step& previous) {
   submit(true);
 }
 
+void run_fed_steps(Engine& engine, Step& first, Step& second, const std::function<void(Step&)>& fill,
+                   const std::function<bool()>& queue_next, const std::function<bool(const Step&)>& took) {
+  Step *running = &first, *queued = &second;
+  int in_flight = 0;
+  const auto collect_the_rest = [&] {
+    for (StepOutput ignored; in_flight > 0; --in_flight) engine.collect(ignored);
+  };
+  try {
+    fill(*running);
+    running->submit();
+    ++in_flight;
+    for (;;) {
+      if (queue_next()) {
+        fill(*queued);
+        queued->submit_after(*running);
+        ++in_flight;
+      }
+      running->collect();
+      --in_flight;
+      if (!took(*running)) break;
+      if (in_flight == 0) fail("internal error: a fed step asked for past the last one queued");
+      std::swap(running, queued);
+    }
+  } catch (...) {
+    collect_the_rest();
+    throw;
+  }
+  collect_the_rest();
+}
+
 void Step::collect() { engine_.collect(out_); }
 
 void Step::submit(bool tokens_from_previous) {

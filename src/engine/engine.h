@@ -4,6 +4,7 @@
 // are built on it.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -141,5 +142,16 @@ class Step {
   std::vector<SeqChunk> chunks_;
   std::vector<Draw> draws_;  // output filled in by run()
 };
+
+// Greedy decode as steps fed by one another (Step::submit_after): each step is queued before the
+// one it follows is collected, so the host reads a step's tokens while the device runs the next.
+// `first` and `second` alternate. fill(step) clears a step and adds its decode items (from the
+// second step on their tokens are placeholders); queue_next() says whether one more step may be
+// queued; took(step) reads a collected step and says whether to go on, and may go on only while a
+// step is queued. A step queued past the last one taken is collected unread: its tokens stay in
+// its sequences for the caller to truncate. Whatever a callback throws is rethrown after every
+// step in flight has been collected.
+void run_fed_steps(Engine& engine, Step& first, Step& second, const std::function<void(Step&)>& fill,
+                   const std::function<bool()>& queue_next, const std::function<bool(const Step&)>& took);
 
 }  // namespace minfer

@@ -118,43 +118,27 @@ void Session::generate_greedy(int32_t token, const std::function<bool(int32_t)>&
   }
   if (!take(token)) return;
   check_fits(1);
+  int kept = n_past();  // the context up to the last step collected
   // `token` is also the placeholder of a fed step, which takes the step before's argmax
-  const auto submit_decode = [&](Step& step, const Step* fed_by) {
+  const auto fill = [&](Step& step) {
     step.clear();
     if (step.add(seq_, std::span<const int32_t>(&token, 1), true, Step::Output::Last, false) < 0)
       fail("internal error: the KV pool has no room for a token at position ", n_past());
-    if (fed_by)
-      step.submit_after(*fed_by);
-    else
-      step.submit();
   };
-  int in_flight = 0, kept = n_past();  // kept: the context up to the last step collected
-  const auto drop_the_rest = [&] {
-    for (StepOutput ignored; in_flight > 0; --in_flight) engine_.collect(ignored);
-    seq_.truncate(kept);
+  const auto took = [&](const Step& step) {
+    ++kept;
+    token = argmax_ = step.argmax(0)[0];
+    if (!take(token)) return false;
+    if (kept == n_past()) check_fits(1);  // nothing queued: the context is full, and this throws
+    return true;
   };
-  Step *running = &step_, *queued = &fed_step_;
   try {
-    submit_decode(*running, nullptr);
-    ++in_flight;
-    for (;;) {
-      if (n_past() < n_ctx_) {
-        submit_decode(*queued, running);
-        ++in_flight;
-      }
-      running->collect();
-      --in_flight;
-      ++kept;
-      token = argmax_ = running->argmax(0)[0];
-      if (!take(token)) break;
-      if (in_flight == 0) check_fits(1);  // throws: the context is full
-      std::swap(running, queued);
-    }
+    run_fed_steps(engine_, step_, fed_step_, fill, [&] { return n_past() < n_ctx_; }, took);
   } catch (...) {
-    drop_the_rest();
+    seq_.truncate(kept);
     throw;
   }
-  drop_the_rest();
+  seq_.truncate(kept);
 }
 
 }  // namespace minfer
