@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 #include <vector>
 
 #include "backend/cuda/prefill_mma.cuh"
@@ -234,10 +235,8 @@ int main(int argc, char** argv) {
   CK(cudaMalloc(&sink, 4096 * sizeof(int)));
   std::printf("%s, %d SMs; %d layers, %.3f GB a step\n", prop.name, sms, layers, total / 1e9);
 
-  constexpr int kPersistentWarps = 16;
   const size_t persistent_smem = size_t(kPersistentStages) * kChunk, chain_smem = size_t(kChainStages) * kChunk;
-  CK(cudaFuncSetAttribute(persistent_kernel<kPersistentWarps>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                          int(persistent_smem)));
+  CK(cudaFuncSetAttribute(persistent_kernel<16>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(persistent_smem)));
   CK(cudaFuncSetAttribute(persistent_kernel<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(persistent_smem)));
   CK(cudaFuncSetAttribute(launch_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(chain_smem)));
   cudaStream_t st;
@@ -288,20 +287,21 @@ int main(int argc, char** argv) {
     std::printf("%-46s %8.3f ms  %7.2f us/layer  %6.0f GB/s  %6.1f t/s\n", name, ms, 1000.0 * ms / layers,
                 total / (ms * 1e6), 1000.0 / ms);
   };
+  // warps: std::integral_constant of the consumer warps (a template argument of the kernel).
+  const auto persistent = [&](auto warps, int work, int copies, int barriers) {
+    constexpr int kWarps = decltype(warps)::value;
+    char name[96];
+    std::snprintf(name, sizeof name, "persistent%-2d work=%d copies=%d barriers=%d", kWarps, work, copies, barriers);
+    report(name, time_it([&] {
+      persistent_kernel<kWarps><<<sms, 32 * (kWarps + 1), persistent_smem, st>>>(d_step, counters, work, barriers,
+                                                                                  copies, sink);
+    }));
+  };
   for (int work : {0, 4, 8, 16}) {
     for (int copies : {1, 0}) {
+      for (int barriers : {1, 0}) persistent(std::integral_constant<int, 16>{}, work, copies, barriers);
+      persistent(std::integral_constant<int, 8>{}, work, copies, 1);
       char name[96];
-      for (int barriers : {1, 0}) {
-        std::snprintf(name, sizeof name, "persistent16 work=%d copies=%d barriers=%d", work, copies, barriers);
-        report(name, time_it([&] {
-          persistent_kernel<kPersistentWarps><<<sms, 32 * (kPersistentWarps + 1), persistent_smem, st>>>(
-              d_step, counters, work, barriers, copies, sink);
-        }));
-      }
-      std::snprintf(name, sizeof name, "persistent8  work=%d copies=%d barriers=1", work, copies);
-      report(name, time_it([&] {
-        persistent_kernel<8><<<sms, 32 * (8 + 1), persistent_smem, st>>>(d_step, counters, work, 1, copies, sink);
-      }));
       cudaGraphExec_t ge = chain_graph(work, copies);
       std::snprintf(name, sizeof name, "chain        work=%d copies=%d", work, copies);
       report(name, time_it([&] { CK(cudaGraphLaunch(ge, st)); }));
