@@ -39,7 +39,11 @@ std::filesystem::path shared_dir() {
   if (const char* e = std::getenv("MINFER_SHARED_DIR")) return e;
   return source_dir().parent_path() / "shared";
 }
-std::string minfer_binary() { return MINFER_BINARY; }
+// MINFER_TEST_CLI: a build carried to another machine (the GPU runs) has its CLI elsewhere.
+std::string minfer_binary() {
+  if (const char* e = std::getenv("MINFER_TEST_CLI")) return e;
+  return MINFER_BINARY;
+}
 
 int run_command(const std::string& cmd, std::string* out) {
   FILE* p = popen((cmd + " 2>&1").c_str(), "r");

@@ -15,7 +15,7 @@ std::vector<float> random_normal(size_t n, float stddev = 1.0f, uint64_t salt = 
 std::filesystem::path temp_dir(const std::string& tag);  // unique, created
 std::filesystem::path source_dir();                      // repo root
 std::filesystem::path shared_dir();                      // ../shared beside the repo
-std::string minfer_binary();                             // the built CLI
+std::string minfer_binary();                             // the built CLI (MINFER_TEST_CLI: another path)
 // Runs a shell command, returns its exit code; stdout+stderr captured into *out when given.
 int run_command(const std::string& cmd, std::string* out = nullptr);
 
