@@ -145,19 +145,22 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
         sm_exit[c->sm] = std::max(sm_exit[c->sm], c->exit - t0);
       }
       std::vector<uint64_t> sm_exits;
+      const uint64_t first_wait = waits.empty() ? 0 : *std::min_element(waits.begin(), waits.end());
       for (size_t sm = 0; sm < sm_ctas.size(); ++sm) {
         if (!sm_ctas[sm]) continue;
         row.fewest_ctas_an_sm = row.sms ? std::min(row.fewest_ctas_an_sm, sm_ctas[sm]) : sm_ctas[sm];
         row.most_ctas_an_sm = std::max(row.most_ctas_an_sm, sm_ctas[sm]);
         sm_exits.push_back(sm_exit[sm]);
         ++row.sms;
+        if (!waits.empty())
+          row.sm_exits_after_wait.push_back({sm_ctas[sm], us(double(int64_t(sm_exit[sm] - first_wait)))});
       }
       row.median_sm_exit = us(median_of(sm_exits));
       row.recorded = int64_t(g.size());
       row.waited = int64_t(waits.size());
       row.first_enter = us(double(*std::min_element(enters.begin(), enters.end())));
       row.last_enter = us(double(*std::max_element(enters.begin(), enters.end())));
-      row.first_wait = waits.empty() ? 0 : us(double(*std::min_element(waits.begin(), waits.end())));
+      row.first_wait = waits.empty() ? 0 : us(double(first_wait));
       row.median_wait = waits.empty() ? 0 : us(median_of(waits));
       row.median_mark = marks.empty() ? 0 : us(median_of(marks));
       row.median_exit = us(median_of(exits));
@@ -185,6 +188,17 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
     it->tail += r.last_exit - r.median_exit;
     it->sm_spread += r.last_exit - r.median_sm_exit;
   }
+  for (TimelineClass& c : s.classes) {
+    std::map<int, std::vector<double>> exits;  // by CTAs an SM
+    for (const TimelineRow& r : s.launches)
+      if (r.recorded && r.label == c.label)
+        for (const auto& [n, t] : r.sm_exits_after_wait) exits[n].push_back(t);
+    for (auto& [n, v] : exits) {
+      std::sort(v.begin(), v.end());
+      const size_t h = v.size() / 2;
+      c.sm_loads.push_back({n, int(v.size()), v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h])});
+    }
+  }
 
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per_sm(size_t(s.sms));
   for (const TimelineCtaRecord& c : ctas) per_sm[c.sm].push_back({c.enter, c.exit});
@@ -208,6 +222,20 @@ std::string timeline_table(const TimelineSummary& s) {
                   s.step_us > 0 ? 100.0 * c.increment / s.step_us : 0.0, c.release, c.after_release, c.tail,
                   c.sm_spread);
     out += line;
+  }
+  bool loads_header = false;
+  for (const TimelineClass& c : s.classes) {
+    if (c.sm_loads.size() < 2) continue;
+    if (!loads_header) {
+      out += "\n| launch class | CTAs an SM | SMs a launch | last exit after the first wait µs (median) |\n"
+             "| --- | ---: | ---: | ---: |\n";
+      loads_header = true;
+    }
+    for (const TimelineSmLoad& l : c.sm_loads) {
+      std::snprintf(line, sizeof line, "| %s | %d | %.1f | %.2f |\n", c.label.c_str(), l.ctas_an_sm,
+                    double(l.sm_launches) / double(c.launches), l.median_exit_after_wait);
+      out += line;
+    }
   }
   std::snprintf(line, sizeof line,
                 "\nstep %.1f µs over %d SMs, a CTA resident %.1f%% of the SM time; timer tick %.0f ns%s; %d "

@@ -54,6 +54,17 @@ struct TimelineRow {
   // (a launch ends with its busiest SM: last_exit - median_sm_exit is how far that one trails).
   int fewest_ctas_an_sm = 0, most_ctas_an_sm = 0;
   double median_sm_exit = 0;
+  // Each of those SMs: the CTAs it held and its last exit after the launch's first wait (µs); empty
+  // where no CTA recorded its wait.
+  std::vector<std::pair<int, double>> sm_exits_after_wait{};
+};
+
+// The SMs that held the same number of a class's CTAs, over the class's launches: an SM's time after
+// the wait follows its CTAs where each CTA is one unit of work (a one-tile matmul's row tile).
+struct TimelineSmLoad {
+  int ctas_an_sm = 0;
+  int sm_launches = 0;                  // such SMs, summed over the launches
+  double median_exit_after_wait = 0;    // the median of their last exits after the first wait (µs)
 };
 
 // The launches of one label (a class of launch) added up.
@@ -65,6 +76,7 @@ struct TimelineClass {
   double after_release = 0;  // sum of last_exit - first_wait
   double tail = 0;           // sum of last_exit - median_exit
   double sm_spread = 0;      // sum of last_exit - median_sm_exit
+  std::vector<TimelineSmLoad> sm_loads{};  // by CTAs an SM, fewest first
 };
 
 struct TimelineSummary {
@@ -98,7 +110,8 @@ std::vector<TimelineCtaRecord> place_by_clock(const std::vector<TimelineCtaRecor
 // (kCoarseTimerTickNs), the events are placed by clock first.
 TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
                                    const std::vector<TimelineCtaRecord>& ctas);
-// The per-class table and the step's totals (markdown).
+// The per-class table and the step's totals (markdown); then, for each class whose SMs held unlike
+// numbers of its CTAs, its SMs by that number (TimelineSmLoad).
 std::string timeline_table(const TimelineSummary& s);
 // One line per launch (the rows above).
 std::string timeline_csv(const TimelineSummary& s);
