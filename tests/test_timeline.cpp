@@ -116,28 +116,30 @@ TEST(Timeline, EachLaunchCountsItsCtasAnSmAndHowFarItsLastSmTrails) {
   EXPECT_NE(timeline_csv(s).find(",1,2,6.000\n"), std::string::npos) << timeline_csv(s);
 }
 
-// An SM's time after the wait by the CTAs it held, pooled over a class's launches: where each CTA is
-// a row tile, this is what a launch's busiest SMs cost against its lightest.
-TEST(Timeline, ClassesCountTheirSmsByCtasAnSmWithTheirMedianExitAfterTheWait) {
-  const std::vector<TimelineLaunch> launches = {{"o", "matmul_mma", 3}, {"norm", "rms_norm", 1}, {"o", "matmul_mma", 3}};
+// An SM's last exit against its launch's median SM, by the CTAs it held, pooled over a class's
+// launches of unlike lengths: where each CTA is a row tile, what a busy SM costs against a light one.
+TEST(Timeline, ClassesCountTheirSmsByCtasAnSmWithHowLateTheyLeave) {
+  const std::vector<TimelineLaunch> launches = {{"o", "matmul_mma", 4}, {"norm", "rms_norm", 1}, {"o", "matmul_mma", 4}};
   const std::vector<TimelineCtaRecord> ctas = {
-      // first o: waits from 1 µs; SM 0 two CTAs (last exit 5 µs), SM 1 one (3 µs)
-      cta(1, 0, 0, 1000, 4000), cta(1, 0, 10, 1100, 5000), cta(1, 1, 20, 1200, 3000),
+      // first o: SM 0 two CTAs (last exit 5 µs), SMs 1 and 2 one each (3 and 4 µs): median SM 4 µs
+      cta(1, 0, 0, 1000, 4000), cta(1, 0, 10, 1100, 5000), cta(1, 1, 20, 1200, 3000), cta(1, 2, 30, 1200, 4000),
       cta(2, 0, 5100, 5200, 5500),  // norm: one SM, one CTA
-      // second o: waits from 6 µs; SM 1 two CTAs (last exit 13 µs), SM 2 one (8 µs)
-      cta(3, 1, 5600, 6000, 12000), cta(3, 1, 5700, 6100, 13000), cta(3, 2, 5800, 6200, 8000)};
+      // second o, twice as long: SM 1 two CTAs (13 µs), SMs 2 and 3 one each (8 and 10 µs): median 10 µs
+      cta(3, 1, 5600, 6000, 12000), cta(3, 1, 5700, 6100, 13000), cta(3, 2, 5800, 6200, 8000),
+      cta(3, 3, 5900, 6200, 10000)};
   const TimelineSummary s = summarize_timeline(launches, ctas);
   ASSERT_EQ(s.classes.size(), 2u);
   const TimelineClass& o = s.classes[0];
   ASSERT_EQ(o.sm_loads.size(), 2u);
   EXPECT_EQ(o.sm_loads[0].ctas_an_sm, 1);
-  EXPECT_EQ(o.sm_loads[0].sm_launches, 2);
-  EXPECT_DOUBLE_EQ(o.sm_loads[0].median_exit_after_wait, 0.5 * (2.0 + 2.0));  // 3 - 1 and 8 - 6
+  EXPECT_EQ(o.sm_loads[0].sm_launches, 4);
+  EXPECT_DOUBLE_EQ(o.sm_loads[0].median_offset, 0.5 * (-1.0 + 0.0));  // of -1, 0, -2, 0
   EXPECT_EQ(o.sm_loads[1].ctas_an_sm, 2);
-  EXPECT_DOUBLE_EQ(o.sm_loads[1].median_exit_after_wait, 0.5 * (4.0 + 7.0));  // 5 - 1 and 13 - 6
+  EXPECT_EQ(o.sm_loads[1].sm_launches, 2);
+  EXPECT_DOUBLE_EQ(o.sm_loads[1].median_offset, 0.5 * (1.0 + 3.0));
   EXPECT_EQ(s.classes[1].sm_loads.size(), 1u);
   const std::string table = timeline_table(s);
-  EXPECT_NE(table.find("| o | 1 | 1.0 | 2.00 |\n| o | 2 | 1.0 | 5.50 |\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("| o | 1 | 2.0 | -0.50 |\n| o | 2 | 1.0 | +2.00 |\n"), std::string::npos) << table;
   const size_t loads_at = table.find("| CTAs an SM |");
   ASSERT_NE(loads_at, std::string::npos) << table;
   EXPECT_EQ(table.find("| norm |", loads_at), std::string::npos) << table;  // one load only: no rows

@@ -145,22 +145,21 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
         sm_exit[c->sm] = std::max(sm_exit[c->sm], c->exit - t0);
       }
       std::vector<uint64_t> sm_exits;
-      const uint64_t first_wait = waits.empty() ? 0 : *std::min_element(waits.begin(), waits.end());
       for (size_t sm = 0; sm < sm_ctas.size(); ++sm) {
         if (!sm_ctas[sm]) continue;
         row.fewest_ctas_an_sm = row.sms ? std::min(row.fewest_ctas_an_sm, sm_ctas[sm]) : sm_ctas[sm];
         row.most_ctas_an_sm = std::max(row.most_ctas_an_sm, sm_ctas[sm]);
         sm_exits.push_back(sm_exit[sm]);
         ++row.sms;
-        if (!waits.empty())
-          row.sm_exits_after_wait.push_back({sm_ctas[sm], us(double(int64_t(sm_exit[sm] - first_wait)))});
       }
       row.median_sm_exit = us(median_of(sm_exits));
+      for (size_t sm = 0; sm < sm_ctas.size(); ++sm)
+        if (sm_ctas[sm]) row.sm_offsets.push_back({sm_ctas[sm], us(double(sm_exit[sm])) - row.median_sm_exit});
       row.recorded = int64_t(g.size());
       row.waited = int64_t(waits.size());
       row.first_enter = us(double(*std::min_element(enters.begin(), enters.end())));
       row.last_enter = us(double(*std::max_element(enters.begin(), enters.end())));
-      row.first_wait = waits.empty() ? 0 : us(double(first_wait));
+      row.first_wait = waits.empty() ? 0 : us(double(*std::min_element(waits.begin(), waits.end())));
       row.median_wait = waits.empty() ? 0 : us(median_of(waits));
       row.median_mark = marks.empty() ? 0 : us(median_of(marks));
       row.median_exit = us(median_of(exits));
@@ -189,10 +188,10 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
     it->sm_spread += r.last_exit - r.median_sm_exit;
   }
   for (TimelineClass& c : s.classes) {
-    std::map<int, std::vector<double>> exits;  // by CTAs an SM
+    std::map<int, std::vector<double>> exits;  // offsets, by CTAs an SM
     for (const TimelineRow& r : s.launches)
       if (r.recorded && r.label == c.label)
-        for (const auto& [n, t] : r.sm_exits_after_wait) exits[n].push_back(t);
+        for (const auto& [n, t] : r.sm_offsets) exits[n].push_back(t);
     for (auto& [n, v] : exits) {
       std::sort(v.begin(), v.end());
       const size_t h = v.size() / 2;
@@ -227,13 +226,13 @@ std::string timeline_table(const TimelineSummary& s) {
   for (const TimelineClass& c : s.classes) {
     if (c.sm_loads.size() < 2) continue;
     if (!loads_header) {
-      out += "\n| launch class | CTAs an SM | SMs a launch | last exit after the first wait µs (median) |\n"
+      out += "\n| launch class | CTAs an SM | SMs a launch | last exit against the launch's median SM µs (median) |\n"
              "| --- | ---: | ---: | ---: |\n";
       loads_header = true;
     }
     for (const TimelineSmLoad& l : c.sm_loads) {
-      std::snprintf(line, sizeof line, "| %s | %d | %.1f | %.2f |\n", c.label.c_str(), l.ctas_an_sm,
-                    double(l.sm_launches) / double(c.launches), l.median_exit_after_wait);
+      std::snprintf(line, sizeof line, "| %s | %d | %.1f | %+.2f |\n", c.label.c_str(), l.ctas_an_sm,
+                    double(l.sm_launches) / double(c.launches), l.median_offset);
       out += line;
     }
   }

@@ -54,17 +54,18 @@ struct TimelineRow {
   // (a launch ends with its busiest SM: last_exit - median_sm_exit is how far that one trails).
   int fewest_ctas_an_sm = 0, most_ctas_an_sm = 0;
   double median_sm_exit = 0;
-  // Each of those SMs: the CTAs it held and its last exit after the launch's first wait (µs); empty
-  // where no CTA recorded its wait.
-  std::vector<std::pair<int, double>> sm_exits_after_wait{};
+  // Each of those SMs: the CTAs it held and its last exit minus median_sm_exit (µs).
+  std::vector<std::pair<int, double>> sm_offsets{};
 };
 
-// The SMs that held the same number of a class's CTAs, over the class's launches: an SM's time after
-// the wait follows its CTAs where each CTA is one unit of work (a one-tile matmul's row tile).
+// The SMs that held the same number of a class's CTAs, over the class's launches, and how much later
+// than their launch's median SM they left: where each CTA is one unit of work (a one-tile matmul's
+// row tile), what a busy SM costs against a light one. Offsets, not times, so that the launches of
+// one label that differ in length (o and down) pool.
 struct TimelineSmLoad {
   int ctas_an_sm = 0;
-  int sm_launches = 0;                  // such SMs, summed over the launches
-  double median_exit_after_wait = 0;    // the median of their last exits after the first wait (µs)
+  int sm_launches = 0;         // such SMs, summed over the launches
+  double median_offset = 0;    // the median of their last exits minus their launch's median_sm_exit (µs)
 };
 
 // The launches of one label (a class of launch) added up.
