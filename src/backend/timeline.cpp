@@ -9,7 +9,8 @@
 namespace minfer {
 namespace {
 
-double median_of(std::vector<uint64_t> v) {
+template <typename T>
+double median_of(std::vector<T> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
   const size_t h = v.size() / 2;
@@ -188,15 +189,11 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
     it->sm_spread += r.last_exit - r.median_sm_exit;
   }
   for (TimelineClass& c : s.classes) {
-    std::map<int, std::vector<double>> exits;  // offsets, by CTAs an SM
+    std::map<int, std::vector<double>> offsets;  // by CTAs an SM
     for (const TimelineRow& r : s.launches)
       if (r.recorded && r.label == c.label)
-        for (const auto& [n, t] : r.sm_offsets) exits[n].push_back(t);
-    for (auto& [n, v] : exits) {
-      std::sort(v.begin(), v.end());
-      const size_t h = v.size() / 2;
-      c.sm_loads.push_back({n, int(v.size()), v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h])});
-    }
+        for (const auto& [n, t] : r.sm_offsets) offsets[n].push_back(t);
+    for (const auto& [n, v] : offsets) c.sm_loads.push_back({n, int(v.size()), median_of(v)});
   }
 
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per_sm(size_t(s.sms));
