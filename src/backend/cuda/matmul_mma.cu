@@ -998,13 +998,17 @@ __device__ __forceinline__ void weight_ring_cta(const MmaArgs& a, const RingCopy
       for (int i = 0; i < 2; ++i) cur.template load_row<FromShared>(i, row_at[i] + at, tid);
       __syncwarp();
       // The round's last reader refills its stage with round q + kStages (of one tile, only the
-      // last round can have fewer than kWarps groups, and it is followed by none).
-      const int readers = kSeveralTiles ? min(kWarps, n_groups - kWarps * r) : kWarps;
-      int last = 0;
-      if (lane == 0) last = shared_fetch_add_acq_rel(&released[q], 1) == readers - 1;
-      if (__shfl_sync(0xffffffffu, last, 0) && q + Ring::kStages < my_rounds) {
-        fence_proxy_async_shared();
-        issue(q + Ring::kStages, k, r + Ring::kStages);
+      // last round can have fewer than kWarps groups, and it is followed by none). A round that no
+      // later round refills is not counted: the count's fence and atomic sit on the group's chain
+      // before its activation loads (o's rounds all fit the stages, so it counts none).
+      if (q + Ring::kStages < my_rounds) {  // uniform over the warp
+        const int readers = kSeveralTiles ? min(kWarps, n_groups - kWarps * r) : kWarps;
+        int last = 0;
+        if (lane == 0) last = shared_fetch_add_acq_rel(&released[q], 1) == readers - 1;
+        if (__shfl_sync(0xffffffffu, last, 0)) {
+          fence_proxy_async_shared();
+          issue(q + Ring::kStages, k, r + Ring::kStages);
+        }
       }
       if constexpr (Ring::kTermsInShared) {
         float term[1][4] = {{0.0f, 0.0f, 0.0f, 0.0f}};
