@@ -45,7 +45,9 @@ TEST(Plan, DecodeStepFusesQkvRopeKvGateUpResidualAndQuantize) {
   EXPECT_EQ(n.at("matvec_gate_up_swiglu"), L);  // the swiglu and its q8 plane in the epilogue
   EXPECT_EQ(n.count("matvec_gate_up"), 0u);
   EXPECT_EQ(n.count("swiglu_quant_q8"), 0u);
-  EXPECT_EQ(n.at("matvec"), 2 * L);  // attn_out and ffn_down, each with its residual add
+  EXPECT_EQ(n.at("matvec_attn_out"), L);  // each with its residual add, labelled by its weight's role
+  EXPECT_EQ(n.at("matvec_ffn_down"), L);
+  EXPECT_EQ(n.count("matvec"), 0u);
   EXPECT_EQ(n.at("rms_norm_quant_q8"), 2 * L + 1);
   EXPECT_EQ(n.count("quantize_q8"), 0u);  // attn_out's plane: the attention combine writes it
   EXPECT_EQ(n.at("attention_split_combine_quant_q8"), L);
@@ -72,7 +74,8 @@ TEST(Plan, PromptAndMixedSteps) {
   const Model& m = model("tiny-llama3");
   const int L = m.hp.n_layer;
   const auto prompt = count(lower(build_graph(m), Fusions{}, kPrompt));
-  EXPECT_EQ(prompt.at("gemm"), 2 * L);      // o, down
+  EXPECT_EQ(prompt.at("gemm_attn_out"), L);
+  EXPECT_EQ(prompt.at("gemm_ffn_down"), L);
   EXPECT_EQ(prompt.at("gemm_qkv"), L);      // q, k and v (stacked by the backend where it can)
   EXPECT_EQ(prompt.at("gemm_swiglu"), L);  // gate, up and the swiglu in one
   EXPECT_EQ(prompt.count("swiglu"), 0u);
@@ -91,7 +94,8 @@ TEST(Plan, PromptAndMixedSteps) {
   EXPECT_EQ(bf16_writers, 4 * L);
   const auto mixed = count(lower(build_graph(m), Fusions{}, kMixed));
   EXPECT_EQ(mixed.at("matvec_qkv_rope_kv"), L);  // decode rows: fused, roped, cached
-  EXPECT_EQ(mixed.at("gemm"), 2 * L);            // prompt rows: the GEMM
+  EXPECT_EQ(mixed.at("gemm_attn_out"), L);       // prompt rows: the GEMM
+  EXPECT_EQ(mixed.at("gemm_ffn_down"), L);
   EXPECT_EQ(mixed.at("gemm_qkv"), L);
   EXPECT_EQ(mixed.at("gemm_swiglu"), L);
   EXPECT_EQ(mixed.at("swiglu_quant_q8"), L);     // the decode rows' swiglu (and their q8 plane)
@@ -109,7 +113,7 @@ TEST(Plan, PromptAndMixedSteps) {
       ASSERT_TRUE(i > 0 && i + 1 < steps.size());
       EXPECT_EQ(steps[i].rows, Rows::Decode);
       EXPECT_EQ(steps[i - 1].name, std::string("gemm_swiglu"));
-      EXPECT_EQ(steps[i + 1].name, std::string("matvec"));
+      EXPECT_EQ(steps[i + 1].name, std::string("matvec_ffn_down"));
     }
   for (const Launch& l : lower(build_graph(m), Fusions{}, kDecode)) EXPECT_FALSE(l.writes_bf16) << l.name;
 }
@@ -166,7 +170,8 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   EXPECT_EQ(n.at("activation_bf16"), 4 * m.hp.n_layer);  // once for q, k, v; o; gate and up; down
   n = count(lower(g, with([](Fusions& f) { f.gemm_swiglu = false; }), kPrompt));
   EXPECT_EQ(n.count("gemm_swiglu"), 0u);
-  EXPECT_EQ(n.at("gemm"), 4 * m.hp.n_layer);  // o, gate, up, down
+  for (const char* role : {"attn_out", "ffn_gate", "ffn_up", "ffn_down"})
+    EXPECT_EQ(n.at(std::string("gemm_") + role), m.hp.n_layer) << role;
   EXPECT_EQ(n.at("swiglu"), m.hp.n_layer);
   for (const StepShape shape : {kPrompt, kMixed}) {
     n = count(lower(g, with([](Fusions& f) { f.fused_rope_kv = false; }), shape));
@@ -176,7 +181,8 @@ TEST(Plan, EveryOptOutRemovesItsRule) {
   }
   n = count(lower(g, with([](Fusions& f) { f.fused_qkv = false; }), kPrompt));
   EXPECT_EQ(n.count("gemm_qkv"), 0u);
-  EXPECT_EQ(n.at("gemm"), 5 * m.hp.n_layer);  // q, k, v, o, down
+  for (const char* role : {"attn_q", "attn_k", "attn_v", "attn_out", "ffn_down"})
+    EXPECT_EQ(n.at(std::string("gemm_") + role), m.hp.n_layer) << role;
 
   for (const StepShape shape : {kDecode, kPrompt, kMixed}) {
     const std::vector<Launch> plain = lower(g, Fusions::none(), shape);

@@ -69,6 +69,12 @@ class Lowering {
     }
     out_.push_back(std::move(l));
   }
+  // A matmul node's role in its layer, its name past "blk.N." ("attn_out", "ffn_down"): the label of
+  // its launch when it launches alone, so that a census or timeline tells o from down.
+  std::string role(size_t i) const {
+    const std::string& name = node(i).name;
+    return name.substr(name.rfind('.') + 1);
+  }
   // A decode matmul over `rows` of slot `in`: quantized first unless its producer wrote the plane.
   void decode_matmul(Launch l) {
     if (q8_slot_ != l.in) {
@@ -78,8 +84,8 @@ class Lowering {
     }
     emit(std::move(l));
   }
-  Launch matmul_launch(LaunchKind kind, const char* name, Rows rows, std::initializer_list<size_t> nodes) const {
-    Launch l{kind, name, rows};
+  Launch matmul_launch(LaunchKind kind, std::string name, Rows rows, std::initializer_list<size_t> nodes) const {
+    Launch l{kind, std::move(name), rows};
     l.in = node(*nodes.begin()).in[0];
     l.node = int(*nodes.begin());
     for (size_t n : nodes) {
@@ -104,7 +110,7 @@ class Lowering {
   }
   void prompt_matmuls(std::initializer_list<size_t> nodes) {
     if (!s_.prompt) return;
-    for (size_t n : nodes) prompt_matmul(matmul_launch(LaunchKind::PromptMatmul, "gemm", Rows::Prompt, {n}));
+    for (size_t n : nodes) prompt_matmul(matmul_launch(LaunchKind::PromptMatmul, "gemm_" + role(n), Rows::Prompt, {n}));
   }
 
   size_t lower_at(size_t i) {
@@ -285,14 +291,14 @@ class Lowering {
     }
     const int completes = int(i + used - 1);
     if (s_.decode) {
-      Launch l = matmul_launch(LaunchKind::DecodeMatmul, "matvec", Rows::Decode, {i});
+      Launch l = matmul_launch(LaunchKind::DecodeMatmul, "matvec_" + role(i), Rows::Decode, {i});
       l.residual = residual;
       l.out = out;
       l.completes_node = s_.prompt ? -1 : completes;
       decode_matmul(std::move(l));
     }
     if (s_.prompt) {
-      Launch l = matmul_launch(LaunchKind::PromptMatmul, "gemm", Rows::Prompt, {i});
+      Launch l = matmul_launch(LaunchKind::PromptMatmul, "gemm_" + role(i), Rows::Prompt, {i});
       l.residual = residual;
       l.out = out;
       l.completes_node = completes;
