@@ -61,7 +61,7 @@ struct TimelineRow {
 // The SMs that held the same number of a class's CTAs, over the class's launches, and how much later
 // than their launch's median SM they left: where each CTA is one unit of work (a one-tile matmul's
 // row tile), what a busy SM costs against a light one. Offsets, not times, so that the launches of
-// one label that differ in length (o and down) pool.
+// one label that differ in length pool (the 14B's q/k/v in its q4_K-v and q6_K-v layers).
 struct TimelineSmLoad {
   int ctas_an_sm = 0;
   int sm_launches = 0;         // such SMs, summed over the launches
