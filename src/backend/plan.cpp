@@ -335,6 +335,7 @@ Fusions Fusions::from_env() {
   f.decode_beside_prompt = !env_flag("MINFER_NO_DECODE_BESIDE_PROMPT");
   f.fused_residual = !env_flag("MINFER_NO_FUSED_RESIDUAL");
   f.pdl = !env_flag("MINFER_NO_PDL");
+  f.early_dependents = !env_flag("MINFER_NO_EARLY_DEPENDENTS");
   f.operand_image = !env_flag("MINFER_NO_OPERAND_IMAGE_FUSE");
   f.batch_invariant = !env_flag("MINFER_NONDETERMINISTIC");
   return f;
@@ -344,7 +345,7 @@ Fusions Fusions::none() {
   Fusions f;
   f.decode_a_fuse = f.attention_q8 = f.prompt_a_fuse = f.cuda_graph = f.fused_qkv = f.fused_ffn = f.swiglu_in_matmul =
       f.gemm_swiglu = f.fused_rope_kv = f.concurrent_gemms = f.decode_beside_prompt = f.fused_residual = f.pdl =
-          f.operand_image = false;
+          f.early_dependents = f.operand_image = false;
   return f;
 }
 

@@ -33,6 +33,9 @@ struct Fusions {
   bool decode_beside_prompt = true;
   bool fused_residual = true;  // MINFER_NO_FUSED_RESIDUAL: residual add in the matmul epilogue
   bool pdl = true;             // MINFER_NO_PDL: each kernel starts only after the one before it ends
+  // MINFER_NO_EARLY_DEPENDENTS: with pdl, the row rms_norm and the decode attention let the next
+  // kernel launch only after their own wait, not at their start (CUDA backend)
+  bool early_dependents = true;
   // MINFER_NO_OPERAND_IMAGE_FUSE: the wgmma decode matmul builds its operand image in a launch of
   // its own instead of the q8 plane's producer writing it (CUDA backend)
   bool operand_image = true;

@@ -5,7 +5,8 @@
 // the attention launch at once and writes only after a spin, so a read of q or of the own row made
 // ahead of the wait would see the stale bytes the buffers start with. And a decode matmul's later
 // weight type launched beside its first (MatVecExtra::types_side_by_side), whose successor must
-// still find the first type's rows complete after its wait.
+// still find the first type's rows complete after its wait. And a kernel that releases early
+// (KernelStream::release_early), whose successor's wait must still cover its predecessor.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -259,6 +261,82 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
     ASSERT_EQ(std::memcmp(got_first.data(), want_first.data(), want_first.size() * 4), 0) << "attempt " << attempt;
     ASSERT_EQ(std::memcmp(got_beside.data(), want_beside.data(), want_beside.size() * 4), 0) << "attempt " << attempt;
   }
+  test::cuda_ok(cudaStreamDestroy(stream));
+}
+
+// One CTA: lets the next kernel launch, spins `ns` nanoseconds, copies n floats, then stamps the
+// global timer into *end.
+__global__ void write_late_stamped(const float* src, float* dst, int n, unsigned long long ns, unsigned long long* end) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  while (now - start < ns);
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) dst[i] = src[i];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    *end = now;
+  }
+}
+
+// Stamps the global timer into *start before its PDL wait, then copies n floats after it.
+__global__ void stamp_then_copy_after_wait(const float* src, float* dst, int n, unsigned long long* start) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    *start = now;
+  }
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) dst[i] = src[i];
+}
+
+// The row rms_norm behind a writer that lets it launch at once and writes its input only after a
+// spin, and a PDL kernel behind the norm. With release_early that kernel starts before the writer
+// has ended (the norm let it launch at its own start; without release_early it starts only after:
+// the check that the flag does what it says), and after its wait it still copies the norm's
+// output complete: the bits of the norm launched plainly.
+TEST(GpuKernels, RmsNormReleasingEarlyKeepsTheNextKernelsWaitBehindItsPredecessor) {
+  MINFER_REQUIRE_GPU();
+  const int width = 5120;
+  const auto x = test::random_normal(size_t(width), 1.0f, 320), w = test::random_normal(size_t(width), 1.0f, 321);
+  DeviceBuffer<float> fresh_x(x), dw(w), dx{size_t(width)}, dy{size_t(width)}, copied{size_t(width)};
+  DeviceBuffer<unsigned long long> stamps{size_t(2)};
+  dx.upload(x);
+  cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, 1, width, 0, 1e-6f, {}, 0, cuda::KernelStream());
+  test::cuda_ok(cudaDeviceSynchronize());
+  const auto want = dy.download();
+  cudaStream_t stream;
+  test::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Writer, norm and copier; the writer's end and the copier's start by the global timer.
+  const auto run = [&](bool early) {
+    dx.upload(std::vector<float>(size_t(width), NAN));
+    dy.upload(std::vector<float>(size_t(width), NAN));
+    copied.upload(std::vector<float>(size_t(width), NAN));
+    test::cuda_ok(cudaDeviceSynchronize());
+    cuda::KernelStream pdl(stream, true);
+    pdl.release_early = early;
+    cuda::launch_kernel("write_late", write_late_stamped, dim3(1), dim3(256), 0, cuda::KernelStream(stream),
+                        static_cast<const float*>(fresh_x.get()), dx.get(), width, kWriterSpinNs, stamps.get());
+    cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, 1, width, 0, 1e-6f, {}, 0, pdl);
+    cuda::launch_kernel("copy_after_wait", stamp_then_copy_after_wait, dim3(20), dim3(256), 0,
+                        cuda::KernelStream(stream, true), static_cast<const float*>(dy.get()), copied.get(), width,
+                        stamps.get() + 1);
+    test::cuda_ok(cudaStreamSynchronize(stream));
+    return stamps.download();
+  };
+  run(true);  // the kernels' first launches load their code (the first early start came 106 us late)
+  for (const bool early : {true, false})
+    for (int attempt = 0; attempt < 4; ++attempt) {
+      const auto t = run(early);
+      const std::string arm = std::string(early ? "early" : "after the wait") + ", attempt " + std::to_string(attempt);
+      // The writer spins 200 us: an early start leads its end by most of that.
+      if (early) EXPECT_LT(t[1] + kWriterSpinNs / 2, t[0]) << arm << ": the kernel behind the norm started late";
+      else EXPECT_GE(t[1], t[0]) << arm << ": the kernel behind the norm started before the writer ended";
+      const auto got = copied.download();
+      ASSERT_EQ(std::memcmp(got.data(), want.data(), want.size() * 4), 0) << arm;
+    }
   test::cuda_ok(cudaStreamDestroy(stream));
 }
 

@@ -437,8 +437,8 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
   std::vector<std::pair<std::string, Fusions>> variants;
   for (const char* name :
        {"decode_a_fuse", "attention_q8", "prompt_a_fuse", "cuda_graph", "fused_qkv", "fused_ffn", "gemm_swiglu",
-        "fused_rope_kv", "concurrent_gemms", "decode_beside_prompt", "fused_residual", "pdl", "operand_image",
-        "swiglu_in_matmul"}) {
+        "fused_rope_kv", "concurrent_gemms", "decode_beside_prompt", "fused_residual", "pdl", "early_dependents",
+        "operand_image", "swiglu_in_matmul"}) {
     Fusions f;
     if (!std::strcmp(name, "decode_a_fuse")) f.decode_a_fuse = false;
     if (!std::strcmp(name, "attention_q8")) f.attention_q8 = false;
@@ -453,6 +453,7 @@ TEST(GpuBackend, EveryOptOutRestoresTheFusedResultBitForBit) {
     if (!std::strcmp(name, "decode_beside_prompt")) f.decode_beside_prompt = false;
     if (!std::strcmp(name, "fused_residual")) f.fused_residual = false;
     if (!std::strcmp(name, "pdl")) f.pdl = false;
+    if (!std::strcmp(name, "early_dependents")) f.early_dependents = false;
     if (!std::strcmp(name, "operand_image")) f.operand_image = false;
     variants.emplace_back(std::string("no_") + name, f);
   }

@@ -55,6 +55,12 @@ constexpr int kGemmPlanTokens = 512;
 // 64 with the limit at 64, where the matmul's CTAs launched early hold SMs the kernel before needs.
 constexpr int kPdlMaxRows = 32;
 
+// The row rms_norm and the decode attention release their dependents at their start
+// (KernelStream::release_early) in steps of up to this many rows. At one row the next matmul's
+// first rounds then stream during the matmul before (+2.4 / +1.3 % on the 7B / 14B, H100,
+// docs/perf.md seventy-eighth session); at eight the 14B lost 0.6 %.
+constexpr int kEarlyReleaseMaxRows = 1;
+
 // Decode-only steps are captured per bucket: the row count padded up to the next bucket.
 int bucket_rows(int rows) {
   if (rows <= 8) return rows;
@@ -875,7 +881,8 @@ struct CudaBackend::Impl {
     auto [row0, count] = rows_of(l, geo);
     if (l.rows == Rows::All && lane.beside) row0 = lane.row0, count = lane.rows;
     if (count == 0) return;
-    const KernelStream s{lane.stream, !lane.beside && f.pdl && geo.n <= kPdlMaxRows, f.pdl};
+    KernelStream s{lane.stream, !lane.beside && f.pdl && geo.n <= kPdlMaxRows, f.pdl};
+    s.release_early = f.early_dependents && geo.n <= kEarlyReleaseMaxRows;
     const int64_t w_out = l.out >= 0 ? width(l.out) : 0, w_in = l.in >= 0 ? width(l.in) : 0;
     // The q8 plane's rows (decode rows) among the launch's, from its first row.
     const int q8_rows = l.writes_q8 ? std::clamp(geo.decode - row0, 0, count) : 0;

@@ -86,8 +86,9 @@ size_t rms_norm_staging_bytes(int threads) { return size_t(threads) * kNormStage
 __global__ void rms_norm_rows_kernel(const float* __restrict__ x, int ld_x, const float* __restrict__ w,
                                      float* __restrict__ out, int ld_out, int width, float eps,
                                      const Q8Plane q8, int q8_rows, uint16_t* __restrict__ bf16,
-                                     const OperandImage image) {
+                                     const OperandImage image, bool release_early) {
   MINFER_TIMELINE_PROBE();
+  if (release_early) release_dependents();
   extern __shared__ float4 norm_staging[];
   const int row = blockIdx.x, b = threadIdx.x, lane = b % 32, warp = b / 32;
   const bool valid = b < width / 32;
@@ -173,7 +174,7 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
           e != cudaSuccess)
         fail("rms_norm: ", staging, " bytes of shared memory for rows of ", width, ": ", cudaGetErrorString(e));
     launch_kernel("rms_norm", rms_norm_rows_kernel, n_rows, threads, staging, s, x, ld_x, w, out, ld_out, width, eps,
-                  q8, q8_rows, bf16, image);
+                  q8, q8_rows, bf16, image, s.pdl && s.release_early);
     return;
   }
   const int blocks = n_rows * (width / group);
@@ -1330,6 +1331,7 @@ struct AttnMma {
 template <typename Body>
 __global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
   MINFER_TIMELINE_PROBE();
+  if (p.release_early) release_dependents();
   if (!p.early_reads) await_predecessor();
   constexpr int HD = Body::kHeadDim, G = Body::kHeads, PW = Body::kPositions, NW = kAttnWarps;
   __shared__ __align__(16) AttnStash<HD, G> st;
@@ -1453,6 +1455,7 @@ constexpr int combine_shared_bytes(int g, int hd, int n_splits, bool staged) {
 template <int HD, int G, bool kStaged>
 __global__ void attn_combine_kernel(const AttnParams p) {
   MINFER_TIMELINE_PROBE();
+  if (p.release_early) release_dependents();
   if (!p.early_reads) await_predecessor();
   extern __shared__ __align__(16) float ml[];  // a head's m (then the weight) of each split, then l of each split
   constexpr int T = HD / 2, kAhead = kCombineAhead;
@@ -1609,8 +1612,10 @@ static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   launch_attention_combine<HD, 1>(p, s);
 }
 
-void launch_attention(const AttnParams& p, const KernelStream& s) {
-  if (p.n_tokens <= 0) return;
+void launch_attention(const AttnParams& params, const KernelStream& s) {
+  if (params.n_tokens <= 0) return;
+  AttnParams p = params;
+  p.release_early = s.pdl && s.release_early;
   if (p.n_head % p.kv.n_kv_heads != 0) fail("attention: n_head ", p.n_head, " % n_kv ", p.kv.n_kv_heads);
   if (p.sm_count <= 0) fail("attention: the device's multiprocessor count ", p.sm_count, " is not positive");
   if (p.block_size <= 0 || (p.block_size & (p.block_size - 1)) != 0)

@@ -16,11 +16,14 @@ namespace minfer::cuda {
 // (start while the kernel before them drains; launch.cuh). `pdl`: a launch's first kernel after
 // the stream's previous one (the backend allows it for steps of up to 32 rows); `pdl_within`:
 // the wgmma matmul after its operand builder or the image's producer, at any step size.
-// MINFER_NO_PDL (Fusions::pdl) turns both off.
+// MINFER_NO_PDL (Fusions::pdl) turns both off. `release_early` (with `pdl`): the row rms_norm and
+// the decode attention's split and combine let the next kernel launch at their start (launch.cuh;
+// MINFER_NO_EARLY_DEPENDENTS, Fusions::early_dependents, turns it off).
 struct KernelStream {
   cudaStream_t stream = nullptr;
   bool pdl = false;
   bool pdl_within = true;
+  bool release_early = false;
   KernelStream(cudaStream_t s = nullptr, bool allow_pdl = false, bool allow_pdl_within = true)
       : stream(s), pdl(allow_pdl), pdl_within(allow_pdl_within) {}
 };
@@ -398,6 +401,7 @@ struct AttnParams {
   // whose rows, tables and block copies are copied in before its first kernel and whose q/k/v launch
   // writes each token's own row only. The backend clears it with MINFER_NO_EARLY_ATTENTION_READS.
   bool early_reads = false;
+  bool release_early = false;  // set by launch_attention from KernelStream::release_early
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
   // q8_rows > 0: the combine also writes tokens 0..q8_rows-1 of the output to the q8 plane (the

@@ -27,9 +27,17 @@ __device__ __forceinline__ void await_predecessor() {
 
 // For a kernel that reads and writes nothing its predecessor in the stream writes, only what was
 // complete before every CTA of that predecessor passed its own await_predecessor() (which is when a
-// PDL kernel can launch): release_dependents() where await_predecessor() would stand lets the next
-// kernel launch, and await_predecessor_before_exit() keeps every CTA from finishing before the
-// predecessor has, so that the next kernel's wait still covers both.
+// PDL kernel can launch behind it): release_dependents() where await_predecessor() would stand lets
+// the next kernel launch, and await_predecessor_before_exit() keeps every CTA from finishing before
+// the predecessor has, so that the next kernel's wait still covers both. Such a kernel must not
+// follow one that releases early (below).
+//
+// Early release (KernelStream::release_early): a kernel that reads nothing ahead of its wait that
+// the next kernel could be waiting behind (the row rms_norm, the decode attention's split and
+// combine) calls release_dependents() at its start, so that the next kernel launches while this
+// one's predecessor still runs and its CTAs, where an SM has room, issue their reads of what no
+// kernel writes (a matmul's first weight rounds) two launches ahead. Every kernel still sees all
+// before it: the next one's wait returns only once this kernel has completed, after its own wait.
 __device__ __forceinline__ void release_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
