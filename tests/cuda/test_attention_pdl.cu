@@ -41,8 +41,8 @@ struct LateCopies {
 };
 
 // One CTA: lets the next kernel of the stream launch, spins `ns` nanoseconds by the global timer,
-// then makes the copies.
-__global__ void copy_late(const LateCopies copies, unsigned long long ns) {
+// then makes the copies (and, with `end`, stamps the global timer there once they are done).
+__global__ void copy_late(const LateCopies copies, unsigned long long ns, unsigned long long* end) {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   unsigned long long start, now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
@@ -50,6 +50,14 @@ __global__ void copy_late(const LateCopies copies, unsigned long long ns) {
   while (now - start < ns);
   for (int i = 0; i < copies.n; ++i)
     for (int b = threadIdx.x; b < copies.bytes[i]; b += blockDim.x) copies.dst[i][b] = copies.src[i][b];
+  if (end) {  // uniform over the block
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      *end = now;
+    }
+  }
 }
 
 // What a read ahead of the PDL wait sees: word's value before the wait, stored after it.
@@ -139,7 +147,7 @@ TEST(GpuKernels, DecodeAttentionReadsQAndTheOwnRowAfterThePdlWait) {
     p.early_reads = early_reads;
     if (behind_writer)
       cuda::launch_kernel("copy_late", copy_late, dim3(1), dim3(256), 0, cuda::KernelStream(stream), writes,
-                          kWriterSpinNs);
+                          kWriterSpinNs, static_cast<unsigned long long*>(nullptr));
     cuda::launch_attention(p, cuda::KernelStream(stream, true));
     test::cuda_ok(cudaStreamSynchronize(stream));
     return out.download();
@@ -158,7 +166,7 @@ TEST(GpuKernels, DecodeAttentionReadsQAndTheOwnRowAfterThePdlWait) {
       reset();
       DeviceBuffer<uint32_t> seen(1);
       cuda::launch_kernel("copy_late", copy_late, dim3(1), dim3(256), 0, cuda::KernelStream(stream), writes,
-                          kWriterSpinNs);
+                          kWriterSpinNs, static_cast<unsigned long long*>(nullptr));
       cuda::launch_kernel("read_before_wait", read_before_wait, dim3(1), dim3(1), 0, cuda::KernelStream(stream, true),
                           reinterpret_cast<const uint32_t*>(dq.get()), seen.get());
       test::cuda_ok(cudaStreamSynchronize(stream));
@@ -175,9 +183,15 @@ TEST(GpuKernels, DecodeAttentionReadsQAndTheOwnRowAfterThePdlWait) {
   test::cuda_ok(cudaStreamDestroy(stream));
 }
 
-// n floats from src to dst, before or after the kernel's PDL wait.
+// n floats from src to dst, before or after the kernel's PDL wait (with `start`, block 0 stamps the
+// global timer there first).
 template <bool kAfterWait>
-__global__ void copy_around_wait(const float* src, float* dst, int n) {
+__global__ void copy_around_wait(const float* src, float* dst, int n, unsigned long long* start) {
+  if (start && blockIdx.x == 0 && threadIdx.x == 0) {
+    unsigned long long now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    *start = now;
+  }
   if constexpr (kAfterWait) asm volatile("griddepcontrol.wait;" ::: "memory");
   for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) dst[i] = src[i];
   if constexpr (!kAfterWait) asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -244,7 +258,8 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
       poison();
       cuda::launch_matmul_mma(segs, 1, plane, 1, one_after_other, cuda::KernelStream(stream));
       cuda::launch_kernel("copy_before_wait", copy_around_wait<false>, dim3(64), dim3(256), 0,
-                          cuda::KernelStream(stream, true), static_cast<const float*>(out[0]->get()), copied.get(), rows[0]);
+                          cuda::KernelStream(stream, true), static_cast<const float*>(out[0]->get()), copied.get(), rows[0],
+                          static_cast<unsigned long long*>(nullptr));
       test::cuda_ok(cudaStreamSynchronize(stream));
       caught = has_nan(copied.download());
     }
@@ -254,7 +269,8 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
     poison();
     cuda::launch_matmul_mma(segs, 2, plane, 1, side_by_side, cuda::KernelStream(stream, true));
     cuda::launch_kernel("copy_after_wait", copy_around_wait<true>, dim3(64), dim3(256), 0, cuda::KernelStream(stream, true),
-                        static_cast<const float*>(out[0]->get()), copied.get(), rows[0]);
+                        static_cast<const float*>(out[0]->get()), copied.get(), rows[0],
+                        static_cast<unsigned long long*>(nullptr));
     test::cuda_ok(cudaStreamSynchronize(stream));
     const auto got_copy = copied.download(), got_first = out[0]->download(), got_beside = out[1]->download();
     ASSERT_EQ(std::memcmp(got_copy.data(), want_first.data(), want_first.size() * 4), 0) << "attempt " << attempt;
@@ -262,34 +278,6 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
     ASSERT_EQ(std::memcmp(got_beside.data(), want_beside.data(), want_beside.size() * 4), 0) << "attempt " << attempt;
   }
   test::cuda_ok(cudaStreamDestroy(stream));
-}
-
-// One CTA: lets the next kernel launch, spins `ns` nanoseconds, copies n floats, then stamps the
-// global timer into *end.
-__global__ void write_late_stamped(const float* src, float* dst, int n, unsigned long long ns, unsigned long long* end) {
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-  unsigned long long start, now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  while (now - start < ns);
-  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) dst[i] = src[i];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    *end = now;
-  }
-}
-
-// Stamps the global timer into *start before its PDL wait, then copies n floats after it.
-__global__ void stamp_then_copy_after_wait(const float* src, float* dst, int n, unsigned long long* start) {
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    unsigned long long now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    *start = now;
-  }
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < n; i += int(gridDim.x * blockDim.x)) dst[i] = src[i];
 }
 
 // The row rms_norm behind a writer that lets it launch at once and writes its input only after a
@@ -307,6 +295,11 @@ TEST(GpuKernels, RmsNormReleasingEarlyKeepsTheNextKernelsWaitBehindItsPredecesso
   cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, 1, width, 0, 1e-6f, {}, 0, cuda::KernelStream());
   test::cuda_ok(cudaDeviceSynchronize());
   const auto want = dy.download();
+  LateCopies write_x;
+  write_x.src[0] = reinterpret_cast<const uint8_t*>(fresh_x.get());
+  write_x.dst[0] = reinterpret_cast<uint8_t*>(dx.get());
+  write_x.bytes[0] = width * int(sizeof(float));
+  write_x.n = 1;
   cudaStream_t stream;
   test::cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Writer, norm and copier; the writer's end and the copier's start by the global timer.
@@ -317,10 +310,10 @@ TEST(GpuKernels, RmsNormReleasingEarlyKeepsTheNextKernelsWaitBehindItsPredecesso
     test::cuda_ok(cudaDeviceSynchronize());
     cuda::KernelStream pdl(stream, true);
     pdl.release_early = early;
-    cuda::launch_kernel("write_late", write_late_stamped, dim3(1), dim3(256), 0, cuda::KernelStream(stream),
-                        static_cast<const float*>(fresh_x.get()), dx.get(), width, kWriterSpinNs, stamps.get());
+    cuda::launch_kernel("copy_late", copy_late, dim3(1), dim3(256), 0, cuda::KernelStream(stream), write_x,
+                        kWriterSpinNs, stamps.get());
     cuda::launch_rms_norm(dx.get(), width, dw.get(), dy.get(), width, 1, width, 0, 1e-6f, {}, 0, pdl);
-    cuda::launch_kernel("copy_after_wait", stamp_then_copy_after_wait, dim3(20), dim3(256), 0,
+    cuda::launch_kernel("copy_after_wait", copy_around_wait<true>, dim3(20), dim3(256), 0,
                         cuda::KernelStream(stream, true), static_cast<const float*>(dy.get()), copied.get(), width,
                         stamps.get() + 1);
     test::cuda_ok(cudaStreamSynchronize(stream));

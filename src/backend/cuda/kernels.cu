@@ -174,7 +174,7 @@ void launch_rms_norm(const float* x, int ld_x, const float* w, float* out, int l
           e != cudaSuccess)
         fail("rms_norm: ", staging, " bytes of shared memory for rows of ", width, ": ", cudaGetErrorString(e));
     launch_kernel("rms_norm", rms_norm_rows_kernel, n_rows, threads, staging, s, x, ld_x, w, out, ld_out, width, eps,
-                  q8, q8_rows, bf16, image, s.pdl && s.release_early);
+                  q8, q8_rows, bf16, image, s.releases_early());
     return;
   }
   const int blocks = n_rows * (width / group);
@@ -1329,9 +1329,10 @@ struct AttnMma {
 // reaches both barriers of a slice (the slice loop is uniform over the block) and the PDL wait
 // (p.early_reads is uniform over the grid).
 template <typename Body>
-__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks) {
+__global__ void __launch_bounds__(kAttnWarps * 32) attn_split_kernel(const AttnParams p, int head_chunks,
+                                                                     bool release_early) {
   MINFER_TIMELINE_PROBE();
-  if (p.release_early) release_dependents();
+  if (release_early) release_dependents();
   if (!p.early_reads) await_predecessor();
   constexpr int HD = Body::kHeadDim, G = Body::kHeads, PW = Body::kPositions, NW = kAttnWarps;
   __shared__ __align__(16) AttnStash<HD, G> st;
@@ -1453,9 +1454,9 @@ constexpr int combine_shared_bytes(int g, int hd, int n_splits, bool staged) {
   return combine_pairs_bytes(g, n_splits) + (staged ? g * n_splits * hd * 4 + 8 : 0);
 }
 template <int HD, int G, bool kStaged>
-__global__ void attn_combine_kernel(const AttnParams p) {
+__global__ void attn_combine_kernel(const AttnParams p, bool release_early) {
   MINFER_TIMELINE_PROBE();
-  if (p.release_early) release_dependents();
+  if (release_early) release_dependents();
   if (!p.early_reads) await_predecessor();
   extern __shared__ __align__(16) float ml[];  // a head's m (then the weight) of each split, then l of each split
   constexpr int T = HD / 2, kAhead = kCombineAhead;
@@ -1550,7 +1551,7 @@ static void launch_attention_combine(const AttnParams& p, const KernelStream& s)
   if (few && p.combine_spread) bytes = std::max(bytes, std::min(sm_bytes / 2 + 1, block_bytes));
   const auto kernel = staged ? attn_combine_kernel<HD, G, true> : attn_combine_kernel<HD, G, false>;
   if (bytes > 48 * 1024) prefill_detail::reserve_dynamic_shared_memory(kernel, bytes, "attention combine");
-  launch_kernel("attention", kernel, grid, G * HD / 2, size_t(bytes), s, p);
+  launch_kernel("attention", kernel, grid, G * HD / 2, size_t(bytes), s, p, s.releases_early());
 }
 
 int64_t attention_workspace_floats(int n_tokens, int n_head, int head_dim, int n_splits) {
@@ -1575,7 +1576,7 @@ static void launch_attention_body(const AttnParams& p, int head_chunks, const Ke
   const int per_split = p.kv.n_kv_heads * p.n_tokens * head_chunks;
   const int split_ctas = std::clamp(std::max(resident, 1) * p.sm_count / per_split, 1, p.n_splits);
   const dim3 grid(p.kv.n_kv_heads * head_chunks, split_ctas, p.n_tokens);
-  launch_kernel("attention", attn_split_kernel<Body>, grid, kAttnWarps * 32, 0, s, p, head_chunks);
+  launch_kernel("attention", attn_split_kernel<Body>, grid, kAttnWarps * 32, 0, s, p, head_chunks, s.releases_early());
 }
 template <int HD, int G>
 static void launch_attention_split(const AttnParams& p, int head_chunks, const KernelStream& s) {
@@ -1612,10 +1613,8 @@ static void launch_attention_hd(const AttnParams& p, const KernelStream& s) {
   launch_attention_combine<HD, 1>(p, s);
 }
 
-void launch_attention(const AttnParams& params, const KernelStream& s) {
-  if (params.n_tokens <= 0) return;
-  AttnParams p = params;
-  p.release_early = s.pdl && s.release_early;
+void launch_attention(const AttnParams& p, const KernelStream& s) {
+  if (p.n_tokens <= 0) return;
   if (p.n_head % p.kv.n_kv_heads != 0) fail("attention: n_head ", p.n_head, " % n_kv ", p.kv.n_kv_heads);
   if (p.sm_count <= 0) fail("attention: the device's multiprocessor count ", p.sm_count, " is not positive");
   if (p.block_size <= 0 || (p.block_size & (p.block_size - 1)) != 0)

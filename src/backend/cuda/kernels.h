@@ -26,6 +26,7 @@ struct KernelStream {
   bool release_early = false;
   KernelStream(cudaStream_t s = nullptr, bool allow_pdl = false, bool allow_pdl_within = true)
       : stream(s), pdl(allow_pdl), pdl_within(allow_pdl_within) {}
+  bool releases_early() const { return pdl && release_early; }
 };
 
 // A weight matrix on the device, rows x cols, in its device layout (every kernel, the prefill GEMM
@@ -401,7 +402,6 @@ struct AttnParams {
   // whose rows, tables and block copies are copied in before its first kernel and whose q/k/v launch
   // writes each token's own row only. The backend clears it with MINFER_NO_EARLY_ATTENTION_READS.
   bool early_reads = false;
-  bool release_early = false;  // set by launch_attention from KernelStream::release_early
   float* part = nullptr;  // workspace: attention_workspace_floats(...)
   int sm_count = 0;  // the device's multiprocessors (DeviceContext::sm_count): the split launch fills one wave
   // q8_rows > 0: the combine also writes tokens 0..q8_rows-1 of the output to the q8 plane (the
