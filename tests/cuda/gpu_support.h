@@ -3,9 +3,11 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/kernels.h"
 #include "../support.h"
 
 namespace minfer::test {
@@ -17,26 +19,31 @@ namespace minfer::test {
 
 inline void cuda_ok(cudaError_t e) { ASSERT_EQ(e, cudaSuccess) << cudaGetErrorString(e); }
 
+// A device buffer of exactly n elements (so that compute-sanitizer memcheck sees any access past
+// it), poisoned, so an element no kernel wrote shows up.
 template <typename T>
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t n) : n_(n) {
-    // poisoned, so an element no kernel wrote shows up
-    if (cudaMalloc(&p_, std::max<size_t>(n * sizeof(T), 256) + 64) != cudaSuccess) p_ = nullptr;
-    if (p_) cudaMemset(p_, 0xA5, n * sizeof(T) + 64);
+    if (n && cudaMalloc(&p_, n * sizeof(T)) != cudaSuccess) p_ = nullptr;
+    fill_bytes(0xA5);
   }
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) { upload(host); }
   ~DeviceBuffer() { cudaFree(p_); }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   T* get() const { return static_cast<T*>(p_); }
+  size_t size() const { return n_; }
+  void fill_bytes(int byte) {
+    if (p_) cudaMemset(p_, byte, n_ * sizeof(T));
+  }
   void upload(const std::vector<T>& host) {
-    cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    if (p_) cudaMemcpy(p_, host.data(), std::min(host.size(), n_) * sizeof(T), cudaMemcpyHostToDevice);
   }
   std::vector<T> download() const {
     std::vector<T> host(n_);
     cudaDeviceSynchronize();
-    cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    if (p_) cudaMemcpy(host.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
     return host;
   }
 
@@ -44,5 +51,13 @@ class DeviceBuffer {
   void* p_ = nullptr;
   size_t n_;
 };
+
+// A matrix's bytes as the weights arena holds them: the device layout of its GGUF rows, then the
+// cuda::kWeightsTailBytes of zeros the 32-block kernels may read past the last row (ld_words_a2).
+inline std::vector<uint8_t> weights_image(GgmlType t, int64_t cols, const std::vector<uint8_t>& gguf_bytes) {
+  std::vector<uint8_t> image = cuda::device_layout(t, cols, gguf_bytes);
+  image.resize(image.size() + size_t(cuda::kWeightsTailBytes), 0);
+  return image;
+}
 
 }  // namespace minfer::test

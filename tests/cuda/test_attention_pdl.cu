@@ -214,7 +214,7 @@ TEST(GpuKernels, DecodeMatmulTypesSideBySideKeepTheNextKernelsWait) {
   cuda::MatSeg segs[2];
   for (int i = 0; i < 2; ++i) {
     w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-        cuda::device_layout(types[i], cols, test::random_weight_rows(types[i], rows[i], cols, 300 + uint64_t(i)))));
+        test::weights_image(types[i], cols, test::random_weight_rows(types[i], rows[i], cols, 300 + uint64_t(i)))));
     out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(rows[i])));
     segs[i].w = {types[i], rows[i], cols, w.back()->get()};
     segs[i].out = out.back()->get();

@@ -272,7 +272,7 @@ Mv run_matvec(GgmlType t, int rows, int cols, int n_tokens, uint64_t salt) {
   const auto x = random_normal(static_cast<size_t>(n_tokens) * cols, 1.0f, salt + 1);
   const auto wq = quantize_matrix(t, wf, rows, cols);
   auto xq = quantize_pad40_cpu(x, n_tokens, cols);
-  DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, wq));
+  DeviceBuffer<uint8_t> dw(test::weights_image(t, cols, wq));
   DevicePlane dxq(xq, n_tokens, cols);
   DeviceBuffer<float> dx(x), dout(static_cast<size_t>(n_tokens) * rows);
   cuda::MatSeg seg;
@@ -335,7 +335,7 @@ TEST(GpuKernels, MatVecMultiTokenIsBitwiseThePerTokenResult) {
     const auto wf = random_normal(static_cast<size_t>(rows) * cols, 0.5f, 40);
     const auto x = random_normal(static_cast<size_t>(n) * cols, 1.0f, 41);
     const auto wq = quantize_matrix(t, wf, rows, cols);
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, wq));
+    DeviceBuffer<uint8_t> dw(test::weights_image(t, cols, wq));
     DevicePlane dxq(quantize_pad40_cpu(x, n, cols), n, cols);
     DeviceBuffer<float> dx(x), all(static_cast<size_t>(n) * rows), one(static_cast<size_t>(n) * rows);
     cuda::MatSeg seg;
@@ -378,7 +378,7 @@ TEST(GpuKernels, MatVecIntegerDotIsExact) {
     std::vector<float> x(static_cast<size_t>(cols));
     for (int i = 0; i < cols; ++i) x[size_t(i)] = float(int(rng() % 5) - 2);
     for (int b = 0; b < cols / 32; ++b) x[size_t(32 * b + int(rng() % 32))] = (rng() & 1) ? 127.0f : -127.0f;
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, w));
+    DeviceBuffer<uint8_t> dw(test::weights_image(t, cols, w));
     DevicePlane dxq(quantize_pad40_cpu(x, 1, cols), 1, cols);
     DeviceBuffer<float> dout(static_cast<size_t>(rows));
     cuda::MatSeg seg;
@@ -438,7 +438,7 @@ TEST(GpuKernels, DequantizeRowsMatchesCpu) {
     const int rows = 6, cols = 512;
     const auto wf = random_normal(static_cast<size_t>(rows) * cols, 1.0f, 60);
     const auto wq = quantize_matrix(t, wf, rows, cols);
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(t, cols, wq));
+    DeviceBuffer<uint8_t> dw(test::weights_image(t, cols, wq));
     DeviceBuffer<float> out(static_cast<size_t>(3) * cols);
     cuda::launch_dequantize_rows({t, rows, cols, dw.get()}, 2, 3, out.get(), nullptr);
     const auto g = out.download();
@@ -481,7 +481,7 @@ TEST(GpuKernels, FusedQkvRopeKvEqualsUnfusedPath) {
       for (int s = 0; s < 3; ++s) {
         const auto wf = random_normal(static_cast<size_t>(widths[s]) * dim, 0.3f, 70 + uint64_t(s));
         w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-            cuda::device_layout(types[s], dim, quantize_matrix(types[s], wf, widths[s], dim))));
+            test::weights_image(types[s], dim, quantize_matrix(types[s], wf, widths[s], dim))));
         bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(static_cast<size_t>(widths[s]), 0.1f, 80 + uint64_t(s))));
       }
       const auto x = random_normal(static_cast<size_t>(n) * dim, 1.0f, 90);
@@ -609,7 +609,7 @@ TEST(GpuKernels, DecodeMatmulsFollowTheCanonicalOrderBitForBit) {
         const float dot = canonical_dot(sh.t, wq.data() + row_bytes(sh.t, sh.cols) * size_t(r), pad40_row(xq, t, sh.cols), sh.cols);
         want[size_t(t) * sh.rows + size_t(r)] = (dot + bias[size_t(r)]) + residual[size_t(t) * sh.rows + size_t(r)];
       }
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(sh.t, sh.cols, wq));
+    DeviceBuffer<uint8_t> dw(test::weights_image(sh.t, sh.cols, wq));
     DevicePlane dxq(xq, max_tokens, sh.cols);
     DeviceBuffer<float> dbias(bias), dres(residual), dout(size_t(max_tokens) * sh.rows);
     // The q4_K and q6_K launches of 33..64 tokens also through the warpgroup-MMA kernel (sm_90).
@@ -716,7 +716,7 @@ struct GateUp {
   std::vector<cuda::MatSeg> segs;
   GateUp(const synth::Preset& preset, uint64_t seed) {
     for (int s = 0; s < 2; ++s) {
-      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(
+      w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(test::weights_image(
           GgmlType::Q4_K, preset.n_embd, test::random_weight_rows(GgmlType::Q4_K, preset.n_ff, preset.n_embd, seed + uint64_t(s)))));
       cuda::MatSeg seg;
       seg.w = {GgmlType::Q4_K, preset.n_ff, preset.n_embd, w.back()->get()};
@@ -741,7 +741,7 @@ TEST(GpuKernels, DecodeMatmulCtasTakingSeveralRowTilesKeepTheBits) {
   DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * cols, 1.0f, 181), 8, cols), 8, cols);
   const GateUp gate_up(preset, 180);
   DeviceBuffer<uint8_t> head(
-      cuda::device_layout(GgmlType::Q6_K, cols, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
+      test::weights_image(GgmlType::Q6_K, cols, test::random_weight_rows(GgmlType::Q6_K, preset.n_vocab, cols, 182)));
   cuda::MatSeg head_seg;
   head_seg.w = {GgmlType::Q6_K, preset.n_vocab, cols, head.get()};
   ASSERT_TRUE(cuda::matmul_mma_weight_ring_over_tiles(gate_up.segs.data(), 2, 1, several));
@@ -803,7 +803,7 @@ template <typename Check>
 void for_each_ring_shape(const char* name, const std::vector<RingShape>& shapes, uint64_t seed, Check check) {
   for (const RingShape& sh : shapes) {
     DevicePlane plane(quantize_pad40_cpu(random_normal(size_t(8) * sh.cols, 1.0f, seed), 8, sh.cols), 8, sh.cols);
-    DeviceBuffer<uint8_t> w(cuda::device_layout(
+    DeviceBuffer<uint8_t> w(test::weights_image(
         sh.t, sh.cols, test::random_weight_rows(sh.t, sh.rows, sh.cols, seed + 1 + uint64_t(sh.rows))));
     cuda::MatSeg seg;
     seg.w = {sh.t, sh.rows, sh.cols, w.get()};
@@ -962,7 +962,7 @@ TEST(GpuKernels, DecodeMatmulWithTwoGroupsInFlightKeepsTheBits) {
         residual(random_normal(size_t(max_tokens) * c.rows, 1.0f, 241));
     for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q6_K}) {
       DeviceBuffer<uint8_t> w(
-          cuda::device_layout(type, c.cols, test::random_weight_rows(type, c.rows, c.cols, 243)));
+          test::weights_image(type, c.cols, test::random_weight_rows(type, c.rows, c.cols, 243)));
       cuda::MatSeg seg;
       seg.w = {type, c.rows, c.cols, w.get()};
       seg.bias = bias.get();
@@ -1000,7 +1000,7 @@ TEST(GpuKernels, DecodeMatmulOfTwoTypesInOneLaunchKeepsTheBits) {
   for (int i = 0; i < 3; ++i) {
     const auto [type, rows] = parts[i];
     w.push_back(std::make_unique<DeviceBuffer<uint8_t>>(
-        cuda::device_layout(type, cols, test::random_weight_rows(type, rows, cols, 200 + uint64_t(i)))));
+        test::weights_image(type, cols, test::random_weight_rows(type, rows, cols, 200 + uint64_t(i)))));
     bias.push_back(std::make_unique<DeviceBuffer<float>>(random_normal(size_t(rows), 0.2f, 210 + uint64_t(i))));
     residual.push_back(
         std::make_unique<DeviceBuffer<float>>(random_normal(size_t(max_tokens) * rows, 1.0f, 220 + uint64_t(i))));
@@ -1106,7 +1106,7 @@ TEST(GpuKernels, WgmmaDecodeMatmulIsExactAtItsIntegerBound) {
     std::vector<std::unique_ptr<DeviceBuffer<float>>> out;
     cuda::MatSeg segs[2];
     for (int m = 0; m < 2; ++m) {
-      dw.push_back(std::make_unique<DeviceBuffer<uint8_t>>(cuda::device_layout(type, cols, wq[size_t(m)])));
+      dw.push_back(std::make_unique<DeviceBuffer<uint8_t>>(test::weights_image(type, cols, wq[size_t(m)])));
       out.push_back(std::make_unique<DeviceBuffer<float>>(size_t(n) * rows));
       segs[m].w = {type, rows, cols, dw.back()->get()};
       segs[m].out = out.back()->get();

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/prefill.h"
+#include "gpu_support.h"
 #include "model_gemms.h"
 #include "prefill_test_data.h"
 #include "quant/quant.h"
@@ -30,45 +31,19 @@ using cuda::PrefillAttention;
 using cuda::PrefillGemm;
 using cuda::PrefillGemmPlan;
 
-bool have_device() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-#define REQUIRE_DEVICE() \
-  if (!have_device()) GTEST_SKIP() << "no CUDA device"
-
 void check(cudaError_t e, const char* what) { ASSERT_EQ(e, cudaSuccess) << what << ": " << cudaGetErrorString(e); }
 
-// A device buffer of T (exact size, so out-of-bounds reads show up under compute-sanitizer).
-template <typename T>
-struct DeviceBuffer {
-  T* ptr = nullptr;
-  size_t count = 0;
-  explicit DeviceBuffer(size_t n) : count(n) {
-    if (cudaMalloc(&ptr, n * sizeof(T)) != cudaSuccess) ptr = nullptr;
-  }
-  explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size()) {
-    if (ptr) cudaMemcpy(ptr, host.data(), count * sizeof(T), cudaMemcpyHostToDevice);
-  }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  std::vector<T> download() const {
-    std::vector<T> host(count);
-    cudaMemcpy(host.data(), ptr, count * sizeof(T), cudaMemcpyDeviceToHost);
-    return host;
-  }
-  void fill_bytes(int byte) { cudaMemset(ptr, byte, count * sizeof(T)); }
-};
+using test::DeviceBuffer;
+using test::weights_image;
 
 TEST(PrefillActivation, Bf16PlaneMatchesHostRounding) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   std::vector<float> x = test::random_normal(4099, 3.0f, 11);
   x[0] = 0.0f, x[1] = -0.0f, x[2] = std::numeric_limits<float>::infinity();
   x[3] = std::numeric_limits<float>::quiet_NaN(), x[4] = 1e-40f, x[5] = 3.3895e38f;
   DeviceBuffer<float> dx(x);
   DeviceBuffer<uint16_t> dy(x.size());
-  cuda::launch_prefill_activation_bf16(dx.ptr, dy.ptr, int64_t(x.size()), nullptr);
+  cuda::launch_prefill_activation_bf16(dx.get(), dy.get(), int64_t(x.size()), nullptr);
   check(cudaDeviceSynchronize(), "activation_bf16");
   const std::vector<uint16_t> y = dy.download();
   for (size_t i = 0; i < x.size(); ++i) {
@@ -105,19 +80,19 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   const std::vector<float> bias = test::random_normal(size_t(c.n), 1.0f, salt + 2);
   const std::vector<float> residual = test::random_normal(size_t(c.m * ldy), 1.0f, salt + 3);
 
-  DeviceBuffer<uint8_t> dw(cuda::device_layout(c.type, c.k, w));
+  DeviceBuffer<uint8_t> dw(weights_image(c.type, c.k, w));
   DeviceBuffer<float> dx_f32(x);
   DeviceBuffer<uint16_t> dx(x.size());
   DeviceBuffer<float> dbias(bias);
   DeviceBuffer<float> dy(residual);  // in place: y = residual + X W^T when residual is on
   if (!c.residual) dy.fill_bytes(0xFF);  // NaN poison: every output must be written
-  cuda::launch_prefill_activation_bf16(dx_f32.ptr, dx.ptr, int64_t(x.size()), nullptr);
+  cuda::launch_prefill_activation_bf16(dx_f32.get(), dx.get(), int64_t(x.size()), nullptr);
 
   PrefillGemm g;
-  g.w_type = c.type, g.w = dw.ptr, g.n = c.n, g.k = c.k;
-  g.x = dx.ptr, g.ldx = ldx, g.m = c.m, g.y = dy.ptr, g.ldy = ldy;
-  g.bias = c.bias ? dbias.ptr : nullptr;
-  g.residual = c.residual ? dy.ptr : nullptr;
+  g.w_type = c.type, g.w = dw.get(), g.n = c.n, g.k = c.k;
+  g.x = dx.get(), g.ldx = ldx, g.m = c.m, g.y = dy.get(), g.ldy = ldy;
+  g.bias = c.bias ? dbias.get() : nullptr;
+  g.residual = c.residual ? dy.get() : nullptr;
   g.m_tile = c.m_tile;
   g.k_splits = c.k_splits;
   g.n_tile = c.n_tile;
@@ -126,7 +101,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
   g.n_plan = c.n_plan;
   if (c.expect_split) EXPECT_GT(cuda::prefill_gemm_plan(g).k_splits, 1) << "m=" << c.m << " n=" << c.n << " k=" << c.k;
   DeviceBuffer<float> workspace(std::max<size_t>(cuda::prefill_gemm_workspace_bytes(g) / 4, 1));
-  g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * 4;
+  g.workspace = workspace.get(), g.workspace_bytes = workspace.size() * 4;
   cuda::launch_prefill_gemm(g, nullptr);
   check(cudaGetLastError(), "launch_prefill_gemm");
   check(cudaDeviceSynchronize(), "prefill GEMM");
@@ -170,7 +145,7 @@ void run_gemm_case(const GemmCase& c, uint64_t salt) {
 class PrefillGemmTypes : public testing::TestWithParam<GgmlType> {};
 
 TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   uint64_t salt = 100 * uint64_t(GetParam());
   // n = 264: two full 128-row weight tiles and a partial one; k = 512: two K super-blocks (the
   // second q6_K block starts 2 bytes off a word boundary, as do odd q8_0 blocks).
@@ -203,7 +178,7 @@ TEST_P(PrefillGemmTypes, MatchesFloat64Reference) {
 // engine may pick them per step, and MINFER_NO_WGMMA_GEMM=1, MINFER_NO_NARROW_GEMM_TILES=1 and
 // MINFER_NO_WIDE_GEMM_TILES=1 restore the other paths bit for bit).
 TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   const GgmlType type = GetParam();
   const int64_t n = 264, k = 768;  // n: 8.25 tiles of 32, a partial tile at every width
   const std::vector<uint8_t> w = test::random_weight_rows(type, n, k, test::seed() + 9300 + uint64_t(type));
@@ -212,13 +187,13 @@ TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
     std::vector<uint16_t> x_bf16(x.size());
     for (size_t i = 0; i < x.size(); ++i) x_bf16[i] = f32_to_bf16(x[i]);
     const std::vector<float> bias = test::random_normal(size_t(n), 1.0f, 9302);
-    DeviceBuffer<uint8_t> dw(cuda::device_layout(type, k, w));
+    DeviceBuffer<uint8_t> dw(weights_image(type, k, w));
     DeviceBuffer<uint16_t> dx(x_bf16);
     DeviceBuffer<float> dbias(bias), dy(size_t(m * n)), workspace(cuda::kPrefillGemmWorkspaceBytes / 4);
     PrefillGemm g;
-    g.w_type = type, g.w = dw.ptr, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m;
-    g.y = dy.ptr, g.ldy = n, g.bias = dbias.ptr;
-    g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
+    g.w_type = type, g.w = dw.get(), g.n = n, g.k = k, g.x = dx.get(), g.ldx = k, g.m = m;
+    g.y = dy.get(), g.ldy = n, g.bias = dbias.get();
+    g.workspace = workspace.get(), g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
     for (const int k_splits : {1, 5}) {
       const auto run = [&](int m_tile, int n_tile, int wgmma) {
         g.k_splits = k_splits, g.m_tile = m_tile, g.n_tile = n_tile, g.wgmma = wgmma;
@@ -250,7 +225,7 @@ TEST_P(PrefillGemmTypes, TileWidthAndMultiplyKernelKeepTheBits) {
 // times), as the engine plans it (K split for 512 tokens): a short prompt, and 300 tokens (a
 // 256-token tile and a partial one where warpgroup MMA runs), every 61st output column checked.
 TEST(PrefillGemm, ModelShapesMatchFloat64Reference) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   uint64_t salt = 9600;
   for (const char* preset : {"qwen2.5-7b", "qwen2.5-14b"})
     for (const test::PromptGemm& pg : test::prompt_gemms(synth::find_preset(preset)))
@@ -269,12 +244,12 @@ TEST(PrefillGemm, ModelShapesMatchFloat64Reference) {
 // by the swiglu kernel and the standalone conversion — for every m-tile and multiply kernel, and a
 // partial last tile of 64 output columns (n = 264).
 TEST_P(PrefillGemmTypes, SwigluEpilogueGivesTheSeparateGemmsBits) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   const GgmlType type = GetParam();
   const int64_t n = 264, k = 768;
   const std::vector<uint8_t> w_gate = test::random_weight_rows(type, n, k, test::seed() + 9400 + uint64_t(type));
   const std::vector<uint8_t> w_up = test::random_weight_rows(type, n, k, test::seed() + 9500 + uint64_t(type));
-  DeviceBuffer<uint8_t> dgate(cuda::device_layout(type, k, w_gate)), dup(cuda::device_layout(type, k, w_up));
+  DeviceBuffer<uint8_t> dgate(weights_image(type, k, w_gate)), dup(weights_image(type, k, w_up));
   for (const int64_t m : {9, 70, 300}) {
     const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9401 + uint64_t(m));
     std::vector<uint16_t> x_bf16(x.size());
@@ -282,16 +257,16 @@ TEST_P(PrefillGemmTypes, SwigluEpilogueGivesTheSeparateGemmsBits) {
     DeviceBuffer<uint16_t> dx(x_bf16), ref_bf16(size_t(m * n)), y_bf16(size_t(m * n));
     DeviceBuffer<float> yg(size_t(m * n)), yu(size_t(m * n)), ref(size_t(m * n)), y(size_t(m * n));
     PrefillGemm g;
-    g.w_type = type, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m, g.ldy = n, g.k_splits = 1;
-    g.w = dgate.ptr, g.y = yg.ptr;
+    g.w_type = type, g.n = n, g.k = k, g.x = dx.get(), g.ldx = k, g.m = m, g.ldy = n, g.k_splits = 1;
+    g.w = dgate.get(), g.y = yg.get();
     cuda::launch_prefill_gemm(g, nullptr);
-    g.w = dup.ptr, g.y = yu.ptr;
+    g.w = dup.get(), g.y = yu.get();
     cuda::launch_prefill_gemm(g, nullptr);
-    cuda::launch_swiglu(yg.ptr, yu.ptr, ref.ptr, int(m), int(n), {}, 0, nullptr, ref_bf16.ptr);
+    cuda::launch_swiglu(yg.get(), yu.get(), ref.get(), int(m), int(n), {}, 0, nullptr, ref_bf16.get());
     check(cudaDeviceSynchronize(), "separate GEMMs and swiglu");
     const std::vector<float> want = ref.download();
     const std::vector<uint16_t> want_bf16 = ref_bf16.download();
-    g.w = dgate.ptr, g.w_up = dup.ptr, g.y = y.ptr, g.y_bf16 = y_bf16.ptr;
+    g.w = dgate.get(), g.w_up = dup.get(), g.y = y.get(), g.y_bf16 = y_bf16.get();
     for (const int wgmma : {-1, 1}) {
       if (wgmma == 1 && !cuda::prefill_gemm_device_has_wgmma()) continue;
       for (const int m_tile : {64, 128, 256}) {
@@ -317,13 +292,13 @@ TEST_P(PrefillGemmTypes, SwigluEpilogueGivesTheSeparateGemmsBits) {
 // split — forced (1, 3 slices) or planned for the stack's columns (n_plan) — for every m-tile,
 // n-tile and multiply kernel, and a last matrix of a partial n-tile (136 rows).
 TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   const GgmlType type = GetParam();
   const int64_t k = 512, rows[3] = {256, 128, 136}, n_all = 520;
   std::deque<DeviceBuffer<uint8_t>> w;
   std::deque<DeviceBuffer<float>> bias;
   for (int i = 0; i < 3; ++i) {
-    w.emplace_back(cuda::device_layout(type, k, test::random_weight_rows(type, rows[i], k, test::seed() + 9600 + 10 * uint64_t(type) + uint64_t(i))));
+    w.emplace_back(weights_image(type, k, test::random_weight_rows(type, rows[i], k, test::seed() + 9600 + 10 * uint64_t(type) + uint64_t(i))));
     bias.emplace_back(test::random_normal(size_t(rows[i]), 0.5f, 9610 + uint64_t(i)));
   }
   for (const int64_t m : {9, 300}) {
@@ -336,23 +311,23 @@ TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
     for (int i = 0; i < 3; ++i) y.emplace_back(size_t(m * ldy[i])), ref.emplace_back(size_t(m * ldy[i]));
     DeviceBuffer<float> workspace(size_t(8 * m * n_all));
     PrefillGemm one;
-    one.w_type = type, one.k = k, one.x = dx.ptr, one.ldx = k, one.m = m;
-    one.workspace = workspace.ptr, one.workspace_bytes = workspace.count * sizeof(float);
+    one.w_type = type, one.k = k, one.x = dx.get(), one.ldx = k, one.m = m;
+    one.workspace = workspace.get(), one.workspace_bytes = workspace.size() * sizeof(float);
     for (const int k_splits : {1, 3, 0}) {
       one.k_splits = k_splits, one.n_plan = k_splits == 0 ? n_all : 0;
       std::vector<std::vector<float>> want;
       for (int i = 0; i < 3; ++i) {
         PrefillGemm g = one;
-        g.w = w[size_t(i)].ptr, g.n = rows[i], g.y = ref[size_t(i)].ptr, g.ldy = ldy[i], g.bias = bias[size_t(i)].ptr;
+        g.w = w[size_t(i)].get(), g.n = rows[i], g.y = ref[size_t(i)].get(), g.ldy = ldy[i], g.bias = bias[size_t(i)].get();
         ref[size_t(i)].fill_bytes(0xFF);
         cuda::launch_prefill_gemm(g, nullptr);
         check(cudaDeviceSynchronize(), "separate GEMM");
         want.push_back(ref[size_t(i)].download());
       }
       PrefillGemm g = one;
-      g.w = w[0].ptr, g.n = rows[0], g.y = y[0].ptr, g.ldy = ldy[0], g.bias = bias[0].ptr;
+      g.w = w[0].get(), g.n = rows[0], g.y = y[0].get(), g.ldy = ldy[0], g.bias = bias[0].get();
       for (int i = 1; i < 3; ++i)
-        g.stacked[size_t(i - 1)] = {w[size_t(i)].ptr, rows[i], y[size_t(i)].ptr, ldy[i], bias[size_t(i)].ptr};
+        g.stacked[size_t(i - 1)] = {w[size_t(i)].get(), rows[i], y[size_t(i)].get(), ldy[i], bias[size_t(i)].get()};
       g.n_stacked = 2;
       for (const int wgmma : {-1, 1}) {
         if (wgmma == 1 && !cuda::prefill_gemm_device_has_wgmma()) continue;
@@ -383,12 +358,12 @@ TEST_P(PrefillGemmTypes, StackedMatricesGiveTheirOwnLaunchesBits) {
 // carry from one tile to the next and the producers fill a tile while the consumers store one.
 // The activation tiles by the tensor memory accelerator and by cp.async, both against the reference.
 TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "256-token tiles need warpgroup MMA";
   const GgmlType type = GetParam();
   const int64_t m = 300, n = 264, k = 1280;
-  DeviceBuffer<uint8_t> w(cuda::device_layout(type, k, test::random_weight_rows(type, n, k, test::seed() + 9800 + uint64_t(type))));
-  DeviceBuffer<uint8_t> w_up(cuda::device_layout(type, k, test::random_weight_rows(type, n, k, test::seed() + 9801 + uint64_t(type))));
+  DeviceBuffer<uint8_t> w(weights_image(type, k, test::random_weight_rows(type, n, k, test::seed() + 9800 + uint64_t(type))));
+  DeviceBuffer<uint8_t> w_up(weights_image(type, k, test::random_weight_rows(type, n, k, test::seed() + 9801 + uint64_t(type))));
   DeviceBuffer<float> bias(test::random_normal(size_t(n), 0.5f, 9802)), residual(test::random_normal(size_t(m * n), 1.0f, 9803));
   const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9804);
   std::vector<uint16_t> x_bf16(x.size());
@@ -397,19 +372,19 @@ TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
   DeviceBuffer<float> y_ref(size_t(m * n)), y(size_t(m * n)), workspace(size_t(3 * m * n));
   for (const char* what : {"single pass", "split-K", "SwiGLU"}) {
     PrefillGemm g;
-    g.w_type = type, g.w = w.ptr, g.n = n, g.k = k, g.x = dx.ptr, g.ldx = k, g.m = m, g.ldy = n;
-    g.m_tile = 256, g.wgmma = 1, g.workspace = workspace.ptr, g.workspace_bytes = workspace.count * sizeof(float);
+    g.w_type = type, g.w = w.get(), g.n = n, g.k = k, g.x = dx.get(), g.ldx = k, g.m = m, g.ldy = n;
+    g.m_tile = 256, g.wgmma = 1, g.workspace = workspace.get(), g.workspace_bytes = workspace.size() * sizeof(float);
     if (std::string(what) == "SwiGLU") {
-      g.w_up = w_up.ptr, g.k_splits = 1;
+      g.w_up = w_up.get(), g.k_splits = 1;
     } else {
-      g.bias = bias.ptr, g.residual = residual.ptr, g.k_splits = std::string(what) == "split-K" ? 3 : 1;
+      g.bias = bias.get(), g.residual = residual.get(), g.k_splits = std::string(what) == "split-K" ? 3 : 1;
     }
     DeviceBuffer<uint8_t> image(cuda::prefill_gemm_weight_image_bytes(g));
     const auto run = [&](int ws, int ctas, int tma, int weight_image, DeviceBuffer<float>& out,
                          DeviceBuffer<uint16_t>& out_plane) {
-      g.warp_specialized = ws, g.ctas = ctas, g.tma = tma, g.y = out.ptr;
-      g.weight_image = weight_image, g.weight_image_buffer = image.ptr, g.weight_image_buffer_bytes = image.count;
-      if (g.w_up) g.y_bf16 = out_plane.ptr;
+      g.warp_specialized = ws, g.ctas = ctas, g.tma = tma, g.y = out.get();
+      g.weight_image = weight_image, g.weight_image_buffer = image.get(), g.weight_image_buffer_bytes = image.size();
+      if (g.w_up) g.y_bf16 = out_plane.get();
       out.fill_bytes(0xFF);
       out_plane.fill_bytes(0xFF);
       image.fill_bytes(0xFF);
@@ -441,7 +416,7 @@ TEST_P(PrefillGemmTypes, WarpSpecializedGivesTheSameBits) {
 // Split-K: forced uneven slices (k = 512 is 8 K steps: 3 slices of 3, 3, 2; 8 slices of one step)
 // and the automatic choice on a large K (7B ffn_down's 18944), all against the same reference.
 TEST_P(PrefillGemmTypes, SplitKMatchesFloat64Reference) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   uint64_t salt = 100 * uint64_t(GetParam()) + 5;
   for (int64_t m : {1, 7, 100, 512})
     run_gemm_case({GetParam(), m, 264, 512, 0, false, false, 0, 0, 3, true}, salt += 10);
@@ -457,7 +432,7 @@ INSTANTIATE_TEST_SUITE_P(AllWeightTypes, PrefillGemmTypes,
                          });
 
 TEST(PrefillGemm, BiasResidualAndStrides) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   run_gemm_case({GgmlType::Q4_K, 37, 130, 256, 64, true, true, 24, 6}, 7001);
   run_gemm_case({GgmlType::Q6_K, 130, 256, 256, 128, true, false, 8, 2}, 7002);
   run_gemm_case({GgmlType::Q8_0, 65, 66, 320, 0, false, true, 0, 0}, 7003);
@@ -488,7 +463,7 @@ class ScopedEnv {
 // The weight image is the automatic choice from its token count on, where the buffer holds it and
 // MINFER_NO_GEMM_WEIGHT_IMAGE is not set; a forced image without a buffer is an error.
 TEST(PrefillGemm, WeightImageFollowsTokensAndBuffer) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "the weight image serves warp-specialized tiles";
   const ScopedEnv image_on("MINFER_NO_GEMM_WEIGHT_IMAGE", "0");  // whatever the caller's environment says
   PrefillGemm g;
@@ -514,7 +489,7 @@ TEST(PrefillGemm, WeightImageFollowsTokensAndBuffer) {
 }
 
 TEST(PrefillGemm, AutomaticSplitKOnlyForSmallGrids) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   int device = 0, sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -608,7 +583,7 @@ TEST(PrefillGemm, WideTilesFollowTheGrid) {
 // Split-K sums its slices in a fixed order: two runs are bitwise equal. MINFER_NO_GEMM_SPLITK=1
 // runs the single-pass kernel (the same bits as forcing k_splits = 1).
 TEST(PrefillGemm, SplitKIsDeterministicAndOptOutRunsSinglePass) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   const int64_t m = 512, n = 1024, k = 3584;
   const std::vector<uint8_t> w = test::random_weight_rows(GgmlType::Q4_K, n, k, test::seed() + 9100);
   const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9101);
@@ -620,10 +595,10 @@ TEST(PrefillGemm, SplitKIsDeterministicAndOptOutRunsSinglePass) {
   DeviceBuffer<float> dbias(bias);
   DeviceBuffer<float> dy(size_t(m * n));
   PrefillGemm g;
-  g.w_type = GgmlType::Q4_K, g.w = dw.ptr, g.n = n, g.k = k;
-  g.x = dx.ptr, g.ldx = k, g.m = m, g.y = dy.ptr, g.ldy = n, g.bias = dbias.ptr;
+  g.w_type = GgmlType::Q4_K, g.w = dw.get(), g.n = n, g.k = k;
+  g.x = dx.get(), g.ldx = k, g.m = m, g.y = dy.get(), g.ldy = n, g.bias = dbias.get();
   DeviceBuffer<float> workspace(cuda::kPrefillGemmWorkspaceBytes / 4);
-  g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
+  g.workspace = workspace.get(), g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
   auto run = [&](int k_splits) {
     g.k_splits = k_splits;
     dy.fill_bytes(0xFF);
@@ -685,7 +660,7 @@ TEST(PrefillGemm, RejectsUnsupportedShapes) {
 // With the K split planned for a fixed token count (m_plan), a row's bits do not depend on how
 // many rows share the launch: the engine's batch invariance for prompt tokens.
 TEST(PrefillGemm, PlannedSplitMakesRowsIndependentOfTheBatch) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   const int64_t m = 512, n = 1024, k = 3584, few = 13;
   const std::vector<uint8_t> w = test::random_weight_rows(GgmlType::Q4_K, n, k, test::seed() + 9200);
   const std::vector<float> x = test::random_normal(size_t(m * k), 1.0f, 9201);
@@ -695,10 +670,10 @@ TEST(PrefillGemm, PlannedSplitMakesRowsIndependentOfTheBatch) {
   DeviceBuffer<uint16_t> dx(x_bf16);
   DeviceBuffer<float> dy(size_t(m * n)), workspace(cuda::kPrefillGemmWorkspaceBytes / 4);
   PrefillGemm g;
-  g.w_type = GgmlType::Q4_K, g.w = dw.ptr, g.n = n, g.k = k, g.ldx = k, g.ldy = n, g.m_plan = m;
-  g.workspace = workspace.ptr, g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
+  g.w_type = GgmlType::Q4_K, g.w = dw.get(), g.n = n, g.k = k, g.ldx = k, g.ldy = n, g.m_plan = m;
+  g.workspace = workspace.get(), g.workspace_bytes = cuda::kPrefillGemmWorkspaceBytes;
   auto run = [&](int64_t rows, int64_t first) {
-    g.x = dx.ptr + first * k, g.m = rows, g.y = dy.ptr;
+    g.x = dx.get() + first * k, g.m = rows, g.y = dy.get();
     dy.fill_bytes(0xFF);
     cuda::launch_prefill_gemm(g, nullptr);
     check(cudaDeviceSynchronize(), "prefill GEMM");
@@ -794,15 +769,15 @@ std::vector<float> run_paged_attention(const PagedCache& cache, const std::vecto
   dout.fill_bytes(0xFF);
   dout_bf16.fill_bytes(0xFF);
   PrefillAttention a;
-  a.q = dq.ptr, a.ldq = ldq, a.k_cache = dk.ptr, a.v_cache = dv.ptr, a.ld_kv = cache.ld_kv;
-  a.out = dout.ptr, a.out_bf16 = dout_bf16.ptr, a.ldo = ldo;
-  a.chunks = reinterpret_cast<const cuda::PrefillChunk*>(dchunks.ptr);
-  a.tiles = reinterpret_cast<const cuda::PrefillTile*>(dtiles.ptr);
+  a.q = dq.get(), a.ldq = ldq, a.k_cache = dk.get(), a.v_cache = dv.get(), a.ld_kv = cache.ld_kv;
+  a.out = dout.get(), a.out_bf16 = dout_bf16.get(), a.ldo = ldo;
+  a.chunks = reinterpret_cast<const cuda::PrefillChunk*>(dchunks.get());
+  a.tiles = reinterpret_cast<const cuda::PrefillTile*>(dtiles.get());
   a.n_tiles = int(tiles.size());
-  a.tables = dtables.ptr, a.block_size = cache.block_size;
+  a.tables = dtables.get(), a.block_size = cache.block_size;
   a.n_head = n_head, a.n_kv_head = n_kv_head, a.head_dim = hd;
   a.scale = 1.0f / std::sqrt(float(hd));
-  a.head_groups = reinterpret_cast<const cuda::PrefillHeadGroup*>(dgroups.ptr);
+  a.head_groups = reinterpret_cast<const cuda::PrefillHeadGroup*>(dgroups.get());
   a.n_head_groups = int(groups.size()), a.head_group_items = kernel.items, a.head_groups_of = n_head / n_kv_head;
   a.wgmma = kernel.wgmma, a.warp_specialized = kernel.warp_specialized;
   cuda::launch_prefill_attention(a, nullptr);
@@ -870,7 +845,7 @@ void run_attention_case(const std::vector<ChunkSpec>& chunks, int n_head, int n_
 class PrefillAttentionHeadDim : public testing::TestWithParam<int> {};
 
 TEST_P(PrefillAttentionHeadDim, CausalGqaOverPagedCacheMatchesFloat64Reference) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   const int hd = GetParam();
   for (const AttentionKernel kernel : attention_kernels()) {
     uint64_t salt = 5000 + uint64_t(hd);
@@ -892,7 +867,7 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, PrefillAttentionHeadDim, testing::Values(64, 
 // A query's output does not depend on how its prompt was cut into chunks: keys are visited in
 // tiles from position 0 whatever the chunk, so the bits are equal.
 TEST(PrefillAttention, ChunkingDoesNotChangeTheBits) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   const int hd = 128, n_head = 4, n_kv = 2, len = 150;
   const int64_t ld = int64_t(n_head) * hd, ld_kv = int64_t(n_kv) * hd;
   const PagedCache cache = make_cache({{len, 0}}, 16, ld_kv, 6100);
@@ -916,7 +891,7 @@ TEST(PrefillAttention, ChunkingDoesNotChangeTheBits) {
 // stream: MINFER_NO_WS_ATTENTION=1 changes none either (group 5: head groups across query tiles
 // and short groups at the end of a chunk).
 TEST(PrefillAttention, AllKernelsGiveTheSameBits) {
-  REQUIRE_DEVICE();
+  MINFER_REQUIRE_GPU();
   if (!cuda::prefill_gemm_device_has_wgmma()) GTEST_SKIP() << "warpgroup MMA needs an sm_90 device";
   for (const int hd : {64, 128}) {
     const int n_head = 10, n_kv = 2;

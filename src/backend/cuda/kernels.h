@@ -37,7 +37,10 @@ struct KernelStream {
 // (q6k_device_row_bytes) so that every row starts 16-byte aligned (a tensor copy's box must start
 // 16-byte aligned in global memory: the weight rings copy a round of 8 rows as one box, docs/13).
 // q4_K/q5_K blocks are 16-byte multiples; the 32-blocks are only 2-byte aligned, so their kernels
-// assemble words from aligned loads.
+// assemble words from aligned loads, which read up to one word past a row's last byte: a buffer
+// holding matrices keeps kWeightsTailBytes readable bytes after the last one (the weights arena,
+// and the GPU tests' weights).
+constexpr int64_t kWeightsTailBytes = 64;
 struct DevMat {
   GgmlType type = GgmlType::F32;
   int rows = 0, cols = 0;

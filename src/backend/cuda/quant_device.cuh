@@ -19,8 +19,8 @@ __device__ __forceinline__ uint4 ld16(const uint8_t* p) {
 }
 __device__ __forceinline__ int ld4(const uint8_t* p) { return *reinterpret_cast<const int*>(p); }
 // Words of a 2-byte-aligned run, assembled from aligned loads: one word more than the run, which
-// may lie up to 4 bytes past its end (a buffer read this way keeps that word allocated:
-// DeviceWeights' arena tail).
+// may lie up to 4 bytes past its end. REQUIRES: a buffer read this way keeps that word allocated
+// (kWeightsTailBytes after its last matrix: the weights arena's tail).
 __device__ __forceinline__ uint32_t ldg_word(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint32_t*>(p));
 }

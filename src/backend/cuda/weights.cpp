@@ -164,9 +164,8 @@ DeviceWeights::DeviceWeights(const Model& model, const Graph& graph, UploadStats
   // read up to one word past the row's last byte (ld_words_a2): inside the next matrix, or the
   // 256-byte alignment, except after the last one. The tail keeps that word in the allocation
   // (compute-sanitizer memcheck found it past the f16 default model's arena).
-  constexpr int64_t kArenaTailBytes = 64;
-  arena_ = DeviceArray<uint8_t>(size_t(std::max<int64_t>(total + kArenaTailBytes, 256)), "cudaMalloc (weights)");
-  check(cudaMemset(arena_.get() + total, 0, size_t(kArenaTailBytes)), "cudaMemset (weights' tail)");
+  arena_ = DeviceArray<uint8_t>(size_t(std::max<int64_t>(total + kWeightsTailBytes, 256)), "cudaMalloc (weights)");
+  check(cudaMemset(arena_.get() + total, 0, size_t(kWeightsTailBytes)), "cudaMemset (weights' tail)");
   stats.bytes = total;
   std::vector<Chunk> chunks;
   int64_t payload = 0;
