@@ -38,6 +38,7 @@ class DeviceBuffer {
     if (p_) cudaMemset(p_, byte, n_ * sizeof(T));
   }
   void upload(const std::vector<T>& host) {
+    EXPECT_LE(host.size(), n_) << "an upload larger than its device buffer";
     if (p_) cudaMemcpy(p_, host.data(), std::min(host.size(), n_) * sizeof(T), cudaMemcpyHostToDevice);
   }
   std::vector<T> download() const {
