@@ -112,8 +112,9 @@ TEST(Timeline, EachLaunchCountsItsCtasAnSmAndHowFarItsLastSmTrails) {
   EXPECT_DOUBLE_EQ(r.median_exit, 5.5);
   ASSERT_EQ(s.classes.size(), 1u);
   EXPECT_DOUBLE_EQ(s.classes[0].sm_spread, 3.0);
-  EXPECT_NE(timeline_table(s).find("| 3.5 | 3.0 |\n"), std::string::npos) << timeline_table(s);  // tail, SM spread
-  EXPECT_NE(timeline_csv(s).find(",1,2,6.000\n"), std::string::npos) << timeline_csv(s);
+  // tail, SM spread, and no lead (one launch)
+  EXPECT_NE(timeline_table(s).find("| 3.5 | 3.0 |  |\n"), std::string::npos) << timeline_table(s);
+  EXPECT_NE(timeline_csv(s).find(",1,2,6.000,\n"), std::string::npos) << timeline_csv(s);  // no lead: the first launch
 }
 
 // An SM's last exit against its launch's median SM, by the CTAs it held, pooled over a class's
@@ -143,6 +144,45 @@ TEST(Timeline, ClassesCountTheirSmsByCtasAnSmWithHowLateTheyLeave) {
   const size_t loads_at = table.find("| CTAs an SM |");
   ASSERT_NE(loads_at, std::string::npos) << table;
   EXPECT_EQ(table.find("| norm |", loads_at), std::string::npos) << table;  // one load only: no rows
+}
+
+// A launch's lead: its first entry against the last exit of the recorded launch two back (the one
+// its predecessor follows), negative where it started while that one still ran; a launch without
+// records is skipped, as in the increments.
+TEST(Timeline, EachLaunchLeadsFromTheLastExitOfTheRecordedLaunchTwoBack) {
+  const std::vector<TimelineLaunch> launches = {{"o", "matmul_mma", 1},      {"norm", "rms_norm", 1},
+                                                {"gate_up", "matmul_mma", 1}, {"swiglu", "swiglu", 2},
+                                                {"down", "matmul_mma", 1},    {"norm", "rms_norm", 1},
+                                                {"gate_up", "matmul_mma", 1}};
+  const std::vector<TimelineCtaRecord> ctas = {
+      cta(1, 0, 0, 100, 10000),       // o: exits at 10 µs
+      cta(2, 1, 9000, 10200, 12000),  // norm
+      cta(3, 2, 9500, 12300, 20000),  // gate_up enters 0.5 µs before o's exit
+      // swiglu: no records
+      cta(4, 0, 20500, 20600, 25000),  // down: enters 8.5 µs after the norm's exit (12 µs)
+      cta(5, 1, 24000, 25100, 26000),  // norm
+      cta(6, 2, 26000, 26200, 30000),  // gate_up enters 1 µs after down's exit
+  };
+  const TimelineSummary s = summarize_timeline(launches, ctas);
+  ASSERT_EQ(s.launches.size(), 7u);
+  EXPECT_FALSE(s.launches[0].has_lead);
+  EXPECT_FALSE(s.launches[1].has_lead);
+  ASSERT_TRUE(s.launches[2].has_lead);
+  EXPECT_DOUBLE_EQ(s.launches[2].lead, -0.5);
+  EXPECT_FALSE(s.launches[3].has_lead);  // nothing recorded
+  EXPECT_DOUBLE_EQ(s.launches[4].lead, 20.5 - 12.0);
+  EXPECT_DOUBLE_EQ(s.launches[6].lead, 1.0);
+  ASSERT_EQ(s.classes.size(), 4u);
+  EXPECT_EQ(s.classes[0].label, "o");
+  EXPECT_FALSE(s.classes[0].has_lead);
+  EXPECT_EQ(s.classes[2].label, "gate_up");
+  EXPECT_DOUBLE_EQ(s.classes[2].median_lead, 0.5 * (-0.5 + 1.0));
+  EXPECT_EQ(s.classes[1].label, "norm");
+  EXPECT_DOUBLE_EQ(s.classes[1].median_lead, 24.0 - 20.0);  // the second norm's: the first has one launch before it
+  const std::string table = timeline_table(s);
+  EXPECT_NE(table.find("| o | 1 | 1 | 10.0 | 33.3% | 0.1 | 9.9 | 0.0 | 0.0 |  |\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("| +0.25 |\n"), std::string::npos) << table;
+  EXPECT_NE(timeline_csv(s).find(",-0.500\n"), std::string::npos) << timeline_csv(s);
 }
 
 // A timer of 1 µs ticks (what the summary sees when %globaltimer updates coarsely): the events are

@@ -128,7 +128,8 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
   // such a value only to 256 ns).
   const auto us = [](double since_t0) { return 1e-3 * since_t0; };
   size_t next = 0;
-  double previous_exit = 0;
+  double previous_exit = 0, exit_two_back = 0;
+  int recorded_before = 0;
   for (const TimelineLaunch& l : launches) {
     TimelineRow row{l.label, l.kernel, l.ctas};
     if (next < groups.size() && int64_t(groups[next].size()) == l.ctas) {
@@ -167,7 +168,11 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
       row.last_exit = us(double(*std::max_element(exits.begin(), exits.end())));
       row.increment = row.last_exit - previous_exit;
       row.release = waits.empty() ? 0 : row.first_wait - previous_exit;
+      row.has_lead = recorded_before >= 2;
+      row.lead = row.has_lead ? row.first_enter - exit_two_back : 0;
+      exit_two_back = previous_exit;
       previous_exit = row.last_exit;
+      ++recorded_before;
     } else {
       ++s.unmatched_launches;
     }
@@ -190,10 +195,15 @@ TimelineSummary summarize_timeline(const std::vector<TimelineLaunch>& launches,
   }
   for (TimelineClass& c : s.classes) {
     std::map<int, std::vector<double>> offsets;  // by CTAs an SM
-    for (const TimelineRow& r : s.launches)
-      if (r.recorded && r.label == c.label)
-        for (const auto& [n, t] : r.sm_offsets) offsets[n].push_back(t);
+    std::vector<double> leads;
+    for (const TimelineRow& r : s.launches) {
+      if (!r.recorded || r.label != c.label) continue;
+      for (const auto& [n, t] : r.sm_offsets) offsets[n].push_back(t);
+      if (r.has_lead) leads.push_back(r.lead);
+    }
     for (const auto& [n, v] : offsets) c.sm_loads.push_back({n, int(v.size()), median_of(v)});
+    c.has_lead = !leads.empty();
+    c.median_lead = median_of(leads);
   }
 
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> per_sm(size_t(s.sms));
@@ -209,14 +219,16 @@ std::string timeline_table(const TimelineSummary& s) {
   char line[512];
   std::snprintf(line, sizeof line,
                 "| launch class | launches | CTAs | µs in the step | share | release µs | after release µs | tail µs | "
-                "SM spread µs |\n"
-                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+                "SM spread µs | lead µs (median) |\n"
+                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   out += line;
   for (const TimelineClass& c : s.classes) {
-    std::snprintf(line, sizeof line, "| %s | %d | %lld | %.1f | %.1f%% | %.1f | %.1f | %.1f | %.1f |\n",
+    char lead[32] = "";
+    if (c.has_lead) std::snprintf(lead, sizeof lead, "%+.2f", c.median_lead);
+    std::snprintf(line, sizeof line, "| %s | %d | %lld | %.1f | %.1f%% | %.1f | %.1f | %.1f | %.1f | %s |\n",
                   c.label.c_str(), c.launches, static_cast<long long>(c.ctas), c.increment,
                   s.step_us > 0 ? 100.0 * c.increment / s.step_us : 0.0, c.release, c.after_release, c.tail,
-                  c.sm_spread);
+                  c.sm_spread, lead);
     out += line;
   }
   bool loads_header = false;
@@ -246,15 +258,17 @@ std::string timeline_csv(const TimelineSummary& s) {
   std::string out =
       "index,label,kernel,ctas,recorded,sms,first_enter_us,last_enter_us,first_wait_us,median_wait_us,"
       "median_mark_us,median_exit_us,last_exit_us,increment_us,release_us,fewest_ctas_an_sm,most_ctas_an_sm,"
-      "median_sm_exit_us\n";
+      "median_sm_exit_us,lead_us\n";
   char line[512];
   for (size_t i = 0; i < s.launches.size(); ++i) {
     const TimelineRow& r = s.launches[i];
-    std::snprintf(line, sizeof line, "%zu,%s,%s,%lld,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%d,%.3f\n",
-                  i, r.label.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctas),
-                  static_cast<long long>(r.recorded), r.sms, r.first_enter, r.last_enter, r.first_wait, r.median_wait,
-                  r.median_mark, r.median_exit, r.last_exit, r.increment, r.release, r.fewest_ctas_an_sm,
-                  r.most_ctas_an_sm, r.median_sm_exit);
+    char lead[32] = "";
+    if (r.has_lead) std::snprintf(lead, sizeof lead, "%.3f", r.lead);
+    std::snprintf(line, sizeof line,
+                  "%zu,%s,%s,%lld,%lld,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%d,%d,%.3f,%s\n", i,
+                  r.label.c_str(), r.kernel.c_str(), static_cast<long long>(r.ctas), static_cast<long long>(r.recorded),
+                  r.sms, r.first_enter, r.last_enter, r.first_wait, r.median_wait, r.median_mark, r.median_exit,
+                  r.last_exit, r.increment, r.release, r.fewest_ctas_an_sm, r.most_ctas_an_sm, r.median_sm_exit, lead);
     out += line;
   }
   return out;

@@ -49,6 +49,12 @@ struct TimelineRow {
   // first_wait minus the previous recorded launch's last_exit: from the predecessor's end to
   // this launch's release.
   double release = 0;
+  // first_enter minus the last_exit of the recorded launch two back: how early its first CTA
+  // started against the launch its predecessor follows (negative: while that launch still ran, as
+  // where the predecessor releases its dependents at its start). has_lead: two recorded launches
+  // precede it.
+  double lead = 0;
+  bool has_lead = false;
   int sms = 0;  // SMs that held at least one of its CTAs
   // Of those SMs: the fewest and the most of its CTAs one held, and the median of their last exits
   // (a launch ends with its busiest SM: last_exit - median_sm_exit is how far that one trails).
@@ -77,6 +83,8 @@ struct TimelineClass {
   double after_release = 0;  // sum of last_exit - first_wait
   double tail = 0;           // sum of last_exit - median_exit
   double sm_spread = 0;      // sum of last_exit - median_sm_exit
+  double median_lead = 0;    // over its launches with a lead (TimelineRow::lead)
+  bool has_lead = false;
   std::vector<TimelineSmLoad> sm_loads{};  // by CTAs an SM, fewest first
 };
 
